@@ -1,0 +1,16 @@
+"""Shared test fixtures: paths, and the real SQuAD 2.0 dev sample read from ../shared (never copied in)."""
+
+from pathlib import Path
+
+import pytest
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+SHARED_SQUAD_SAMPLE = PROJECT_ROOT.parent / "shared" / "data" / "squad2-dev-sample.json"
+
+
+@pytest.fixture
+def squad2_dev_sample() -> Path:
+    """Path to the real SQuAD 2.0 dev sample; skips the test when ../shared is absent."""
+    if not SHARED_SQUAD_SAMPLE.is_file():
+        pytest.skip(f"real SQuAD sample not found at {SHARED_SQUAD_SAMPLE} (../shared is absent)")
+    return SHARED_SQUAD_SAMPLE
