@@ -1,0 +1,44 @@
+"""`python -m pipeline <stage> ...`: a thin dispatcher to each stage's command-line entry point."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# command -> (module, function). Imports are lazy so `--help` and light commands start fast.
+COMMANDS = {
+    "prepare-data": ("pipeline.stages.prepare_data", "main"),
+    "tokenizer": ("pipeline.stages.tokenizer", "main"),
+    "teacher-pretrain": ("pipeline.stages.teacher", "main_pretrain"),
+    "teacher-finetune": ("pipeline.stages.teacher", "main_finetune"),
+    "evaluate-predictions": ("pipeline.squad", "evaluate_predictions_main"),
+    "schema": ("pipeline.config", "print_schema_main"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        usage = "usage: python -m pipeline <command> [options]\n\ncommands:\n" + "".join(f"  {c}\n" for c in COMMANDS)
+        if argv and argv[0] not in ("-h", "--help"):
+            print(f"unknown command {argv[0]!r}\n\n{usage}", file=sys.stderr)
+            return 2
+        print(usage)
+        return 0
+    module_name, function_name = COMMANDS[argv[0]]
+    entry_point = getattr(importlib.import_module(module_name), function_name)
+    try:
+        return int(entry_point(argv[1:]) or 0)
+    except Exception as error:
+        # Bad input (config or data) gets one clear line, not a stack trace from inside a library.
+        from pipeline.config import ConfigError
+        from pipeline.data import DataError
+
+        if isinstance(error, (ConfigError, DataError)):
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,414 @@
+"""Typed pipeline configuration: YAML -> dataclasses, with defaults and a docstring per field.
+
+The dataclasses below are the single source of truth. `configs/schema.yaml` (which Snakemake validates
+before any job runs) is generated from them with `python -m pipeline schema > configs/schema.yaml`, and a
+test checks the committed schema is current. Unknown keys and bad values fail at load, naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config key is unknown, has the wrong type or a value out of range. The message names the key."""
+
+
+def option(default: Any, doc: str, **constraints: Any) -> Any:
+    """A config field with its documentation and JSON-schema constraints (minimum, exclusiveMinimum, maximum)."""
+    metadata = {"doc": doc, **constraints}
+    if callable(default):  # a factory, for mutable defaults such as a TrainConfig with other values
+        return field(default_factory=default, metadata=metadata)
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def section(cls: type, doc: str) -> Any:
+    """A nested config section."""
+    return field(default_factory=cls, metadata={"doc": doc})
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Sections
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SyntheticConfig:
+    """The offline synthetic SQuAD-format world (pipeline/synthetic.py)."""
+
+    seed: int = option(13, "Seed of the world generator; the same seed gives byte-identical data.")
+    n_train_contexts: int = option(600, "Training paragraphs (each with several questions).", minimum=1)
+    n_dev_contexts: int = option(120, "Dev paragraphs, built from held-out entities and paraphrases.", minimum=1)
+    n_corpus_paragraphs: int = option(3000, "MLM corpus paragraphs drawn from the same world.", minimum=1)
+
+
+@dataclass
+class DataConfig:
+    """Where the SQuAD data and the MLM corpus come from."""
+
+    squad: str = option(
+        "synthetic",
+        "'synthetic' (generated offline), a datasets hub name (e.g. 'squad'), or a local SQuAD .json "
+        "(v1.1 or v2.0 layout) / .jsonl (datasets squad columns) training file.",
+    )
+    squad_dev: str | None = option(
+        None, "Dev file when `squad` is a local file. Ignored for 'synthetic'; hub names use `dev_split`."
+    )
+    train_split: str = option("train", "Split name for a hub dataset's training data.")
+    dev_split: str = option("validation", "Split name for a hub dataset's dev data.")
+    on_bad_example: Literal["error", "skip"] = option(
+        "error", "What a malformed SQuAD example does: stop with an error naming it, or be skipped and counted."
+    )
+    max_train_examples: int | None = option(None, "Keep only the first N training questions (null: all).", minimum=1)
+    max_dev_examples: int | None = option(None, "Keep only the first N dev questions (null: all).", minimum=1)
+    corpus: str = option(
+        "synthetic",
+        "MLM corpus: 'synthetic', 'squad_contexts' (the training contexts), a local text file (one document "
+        "per line), or a datasets hub name (e.g. 'wikitext').",
+    )
+    corpus_config_name: str | None = option(None, "Hub dataset configuration, e.g. 'wikitext-103-raw-v1'.")
+    corpus_split: str = option("train", "Hub corpus split.")
+    corpus_text_column: str = option("text", "Hub corpus column holding the text.")
+    max_corpus_lines: int | None = option(None, "Keep only the first N non-empty corpus lines (null: all).", minimum=1)
+    mlm_holdout_fraction: float = option(
+        0.05, "Fraction of corpus lines held out for masked-token accuracy.", exclusiveMinimum=0.0, maximum=0.5
+    )
+    synthetic: SyntheticConfig = section(SyntheticConfig, "The offline synthetic world.")
+
+
+@dataclass
+class TokenizerConfig:
+    """The tokenizer: a pretrained one, or a WordPiece tokenizer trained on the corpus."""
+
+    pretrained: str | None = option(
+        None, "Hub name or local directory of a pretrained tokenizer (e.g. 'bert-base-uncased'); null trains one."
+    )
+    vocab_size: int = option(4000, "WordPiece vocabulary size when training a tokenizer.", minimum=16)
+    min_frequency: int = option(2, "Minimum pair frequency for a WordPiece merge.", minimum=1)
+    lowercase: bool = option(True, "Lower-case and strip accents (BERT uncased normalizer).")
+
+
+@dataclass
+class TrainConfig:
+    """One training run of the shared loop (pipeline/train.py)."""
+
+    epochs: float = option(1.0, "Passes over the training data (ignored when max_steps is set).", exclusiveMinimum=0.0)
+    max_steps: int | None = option(None, "Optimizer steps; overrides epochs when set.", minimum=1)
+    batch_size: int = option(32, "Examples per forward pass.", minimum=1)
+    grad_accum_steps: int = option(1, "Forward passes per optimizer step (effective batch = batch_size x this).", minimum=1)
+    learning_rate: float = option(5e-4, "Peak learning rate.", exclusiveMinimum=0.0)
+    warmup_ratio: float = option(0.05, "Fraction of steps with linear warm-up; then linear decay to 0.", minimum=0.0, maximum=1.0)
+    weight_decay: float = option(0.01, "AdamW weight decay (not applied to biases and LayerNorm).", minimum=0.0)
+    adam_eps: float = option(1e-6, "Adam epsilon.", exclusiveMinimum=0.0)
+    adam_beta1: float = option(0.9, "Adam beta1.", minimum=0.0, maximum=1.0)
+    adam_beta2: float = option(0.98, "Adam beta2.", minimum=0.0, maximum=1.0)
+    max_grad_norm: float = option(5.0, "Gradient clipping norm (0 disables).", minimum=0.0)
+    log_every: int = option(20, "Log loss terms, lr and tokens/s every N optimizer steps.", minimum=1)
+    checkpoint_every: int = option(200, "Write a resumable checkpoint every N optimizer steps.", minimum=1)
+    keep_checkpoints: int = option(1, "How many recent checkpoints to keep.", minimum=1)
+    device: Literal["auto", "cpu", "cuda"] = option("auto", "auto: CUDA when available, else CPU.")
+    bf16: bool = option(True, "bf16 autocast on CUDA (ignored on CPU).")
+    torch_compile: bool = option(False, "torch.compile the trained model (CUDA runs).")
+    cpu_threads: int | None = option(None, "torch intra-op threads on CPU (null: the rule's `threads`).", minimum=1)
+
+
+def _default_pretrain() -> TrainConfig:
+    return TrainConfig(epochs=3.0, batch_size=32, learning_rate=1e-3, warmup_ratio=0.05)
+
+
+def _default_finetune() -> TrainConfig:
+    return TrainConfig(epochs=3.0, batch_size=32, learning_rate=5e-4, warmup_ratio=0.1, adam_beta2=0.999, max_grad_norm=1.0)
+
+
+@dataclass
+class TeacherArchitectureConfig:
+    """Shape of a teacher BERT trained from scratch (ignored when teacher.pretrained is set)."""
+
+    hidden_size: int = option(128, "Hidden width (bert-base: 768).", minimum=8)
+    num_layers: int = option(4, "Transformer layers (bert-base: 12).", minimum=1)
+    num_heads: int = option(4, "Attention heads; must divide hidden_size.", minimum=1)
+    intermediate_size: int = option(512, "Feed-forward width (bert-base: 3072).", minimum=8)
+    max_position_embeddings: int = option(256, "Longest sequence the model accepts.", minimum=16)
+    dropout: float = option(0.1, "Hidden and attention dropout.", minimum=0.0, maximum=1.0)
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_heads:
+            raise ConfigError(
+                f"teacher.architecture.num_heads: {self.num_heads} does not divide hidden_size {self.hidden_size}"
+            )
+
+
+@dataclass
+class TeacherConfig:
+    """The BERT teacher: pretrained from the hub, or pretrained here from scratch, then fine-tuned on SQuAD."""
+
+    pretrained: str | None = option(
+        None,
+        "Hub name or local directory of a pretrained BERT (e.g. 'bert-base-uncased'); null pretrains one from "
+        "scratch with MLM (rule teacher_pretrain).",
+    )
+    pretrained_qa: str | None = option(
+        None,
+        "Hub name or directory of a BERT already fine-tuned on SQuAD (e.g. "
+        "'bert-base-uncased-whole-word-masking-finetuned-squad'); when set, teacher_finetune only evaluates it.",
+    )
+    architecture: TeacherArchitectureConfig = section(TeacherArchitectureConfig, "Shape of a from-scratch teacher.")
+    mlm_probability: float = option(0.15, "Masked fraction for MLM pretraining (BERT: 0.15).", exclusiveMinimum=0.0, maximum=1.0)
+    pretrain_max_seq_length: int = option(128, "Corpus lines are truncated to this many tokens.", minimum=8)
+    pretrain: TrainConfig = option(_default_pretrain, "Training of the from-scratch MLM teacher.")
+    finetune: TrainConfig = option(_default_finetune, "SQuAD fine-tuning of the teacher.")
+
+
+@dataclass
+class SquadConfig:
+    """Windowing and answer extraction, shared by every QA stage (semantics of transformers' utils_qa)."""
+
+    max_seq_length: int = option(384, "Tokens per window (question + context).", minimum=16)
+    doc_stride: int = option(128, "Overlap between consecutive windows of a long context.", minimum=0)
+    n_best_size: int = option(20, "Start and end candidates considered per window.", minimum=1)
+    max_answer_length: int = option(30, "Longest answer in tokens.", minimum=1)
+    eval_batch_size: int = option(64, "Windows per forward pass at evaluation.", minimum=1)
+
+    def __post_init__(self) -> None:
+        if self.doc_stride >= self.max_seq_length:
+            raise ConfigError(
+                f"squad.doc_stride: {self.doc_stride} must be smaller than squad.max_seq_length {self.max_seq_length}"
+            )
+
+
+@dataclass
+class ComputeConfig:
+    """What Snakemake rules ask the scheduler for (resources:)."""
+
+    gpus: int = option(0, "GPUs each training rule requests (resources: gpu); 0 runs on CPU.", minimum=0)
+    training_mem_mb: int = option(8000, "Memory a training rule requests.", minimum=100)
+    light_mem_mb: int = option(2000, "Memory a data or tokenizer rule requests.", minimum=100)
+
+
+@dataclass
+class PipelineConfig:
+    """The whole pipeline. Every stage reads the sections it needs."""
+
+    seed: int = option(42, "Seed for model initialisation, data order, masking and dropout.")
+    output_root: str = option("artifacts", "Folder all stage outputs go under.")
+    data: DataConfig = section(DataConfig, "SQuAD data and MLM corpus sources.")
+    tokenizer: TokenizerConfig = section(TokenizerConfig, "Pretrained or trained WordPiece tokenizer.")
+    teacher: TeacherConfig = section(TeacherConfig, "The BERT teacher.")
+    squad: SquadConfig = section(SquadConfig, "QA windowing and postprocessing.")
+    compute: ComputeConfig = section(ComputeConfig, "Scheduler resources per rule.")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Loading: dict -> dataclasses, with errors naming the key
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _convert(value: Any, tp: Any, key: str) -> Any:
+    """Check `value` against the annotation `tp` and convert nested sections; raise ConfigError naming `key`."""
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping (section), got {value!r}")
+        return from_dict(tp, value, key)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(tp)
+        if value is None:
+            if type(None) in options:
+                return None
+            raise ConfigError(f"{key}: must not be null")
+        errors = []
+        for option_type in options:
+            if option_type is type(None):
+                continue
+            try:
+                return _convert(value, option_type, key)
+            except ConfigError as error:
+                errors.append(str(error))
+        raise ConfigError(errors[0] if len(errors) == 1 else f"{key}: {value!r} matches none of: " + "; ".join(errors))
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            raise ConfigError(f"{key}: {value!r} is not one of {list(choices)}")
+        return value
+    if origin is list:
+        (item_type,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        return [_convert(item, item_type, f"{key}[{i}]") for i, item in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        _, value_type = typing.get_args(tp)
+        return {k: _convert(v, value_type, f"{key}.{k}") for k, v in value.items()}
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true/false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return value
+    raise TypeError(f"unsupported config type {_type_name(tp)} for {key}")
+
+
+def _check_constraints(value: Any, metadata: dict, key: str) -> None:
+    if value is None or isinstance(value, (bool, str, list, dict)):
+        return
+    if "minimum" in metadata and value < metadata["minimum"]:
+        raise ConfigError(f"{key}: {value!r} must be >= {metadata['minimum']}")
+    if "exclusiveMinimum" in metadata and value <= metadata["exclusiveMinimum"]:
+        raise ConfigError(f"{key}: {value!r} must be > {metadata['exclusiveMinimum']}")
+    if "maximum" in metadata and value > metadata["maximum"]:
+        raise ConfigError(f"{key}: {value!r} must be <= {metadata['maximum']}")
+
+
+def from_dict(cls: type, data: dict | None, prefix: str = "") -> Any:
+    """Build dataclass `cls` from a plain dict; unknown keys and bad values raise ConfigError naming the key."""
+    data = data or {}
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    for name in data:
+        if name not in known:
+            where = f"{prefix}.{name}" if prefix else name
+            raise ConfigError(f"{where}: unknown config key (valid keys here: {', '.join(sorted(known))})")
+    kwargs = {}
+    for name, value in data.items():
+        key = f"{prefix}.{name}" if prefix else name
+        converted = _convert(value, hints[name], key)
+        _check_constraints(converted, dict(known[name].metadata), key)
+        kwargs[name] = converted
+    return cls(**kwargs)  # __post_init__ checks raise ConfigError naming their keys
+
+
+def to_dict(config: Any) -> dict:
+    """The plain-dict form of a config (round-trips through from_dict)."""
+    return dataclasses.asdict(config)
+
+
+def load_config(path: str | Path, overrides: dict | None = None) -> PipelineConfig:
+    """Load a YAML config file (plus optional nested overrides) into a PipelineConfig."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: invalid YAML: {error}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping")
+    if overrides:
+        data = deep_merge(data, overrides)
+    try:
+        return from_dict(PipelineConfig, data)
+    except ConfigError as error:
+        raise ConfigError(f"{path}: {error}") from None
+
+
+def config_from_json(text: str) -> PipelineConfig:
+    """Parse the JSON a Snakemake rule passes to a stage (a subset of the pipeline config)."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"--config-json: invalid JSON: {error}") from None
+    return from_dict(PipelineConfig, data)
+
+
+def deep_merge(base: dict, update: dict) -> dict:
+    merged = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# JSON schema generation (configs/schema.yaml)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _schema_for_type(tp: Any) -> dict:
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        return schema_for_dataclass(tp)
+    if origin in (typing.Union, types.UnionType):
+        options = [_schema_for_type(t) for t in typing.get_args(tp) if t is not type(None)]
+        nullable = type(None) in typing.get_args(tp)
+        if nullable:
+            options.append({"type": "null"})
+        return options[0] if len(options) == 1 else {"anyOf": options}
+    if origin is Literal:
+        choices = list(typing.get_args(tp))
+        return {"type": "string", "enum": choices}
+    if origin is list:
+        (item_type,) = typing.get_args(tp)
+        return {"type": "array", "items": _schema_for_type(item_type)}
+    if origin is dict:
+        _, value_type = typing.get_args(tp)
+        return {"type": "object", "additionalProperties": _schema_for_type(value_type)}
+    return {
+        bool: {"type": "boolean"},
+        int: {"type": "integer"},
+        float: {"type": "number"},
+        str: {"type": "string"},
+    }[tp]
+
+
+def schema_for_dataclass(cls: type) -> dict:
+    hints = typing.get_type_hints(cls)
+    properties = {}
+    for f in dataclasses.fields(cls):
+        prop = _schema_for_type(hints[f.name])
+        meta = dict(f.metadata)
+        prop = {"description": meta.get("doc", ""), **prop}
+        for constraint in ("minimum", "exclusiveMinimum", "maximum"):
+            if constraint in meta:
+                target = prop
+                if "anyOf" in prop:  # constrain the numeric branch of `int | None`
+                    target = next(o for o in prop["anyOf"] if o.get("type") in ("integer", "number"))
+                target[constraint] = meta[constraint]
+        if not dataclasses.is_dataclass(hints[f.name]):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            prop["default"] = to_dict(default) if dataclasses.is_dataclass(default) else default
+        properties[f.name] = prop
+    doc = (cls.__doc__ or "").strip()
+    return {"type": "object", "description": doc, "additionalProperties": False, "properties": properties}
+
+
+def pipeline_schema() -> dict:
+    schema = schema_for_dataclass(PipelineConfig)
+    return {"$schema": "http://json-schema.org/draft-07/schema#", **schema}
+
+
+def pipeline_schema_yaml() -> str:
+    header = "# GENERATED from pipeline/config.py by `python -m pipeline schema > configs/schema.yaml`; do not edit.\n"
+    return header + yaml.safe_dump(pipeline_schema(), sort_keys=False, width=110)
+
+
+def print_schema_main(argv: list[str] | None = None) -> int:
+    """`python -m pipeline schema`: print the JSON schema Snakemake validates configs against."""
+    print(pipeline_schema_yaml(), end="")
+    return 0

@@ -1,0 +1,91 @@
+"""Question-answering glue shared by every QA stage: SQuAD examples -> window tensors, and dev evaluation.
+
+The windowing, n-best postprocessing and metric themselves live in pipeline/squad.py.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import Any
+
+import datasets
+import numpy as np
+import torch
+
+from pipeline import squad
+from pipeline.config import SquadConfig
+
+logger = logging.getLogger(__name__)
+
+MODEL_INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def train_window_tensors(examples: datasets.Dataset, tokenizer: Any, cfg: SquadConfig) -> dict[str, torch.Tensor]:
+    """All training windows of `examples` as tensors (input ids, masks, start/end labels)."""
+    features = examples.map(
+        squad.prepare_train_features,
+        batched=True,
+        remove_columns=examples.column_names,
+        fn_kwargs={"tokenizer": tokenizer, "max_seq_length": cfg.max_seq_length, "doc_stride": cfg.doc_stride},
+        desc="windowing training examples",
+        load_from_cache_file=False,
+    )
+    return {name: torch.tensor(features[name]) for name in features.column_names}
+
+
+def validation_windows(examples: datasets.Dataset, tokenizer: Any, cfg: SquadConfig) -> datasets.Dataset:
+    return examples.map(
+        squad.prepare_validation_features,
+        batched=True,
+        remove_columns=examples.column_names,
+        fn_kwargs={"tokenizer": tokenizer, "max_seq_length": cfg.max_seq_length, "doc_stride": cfg.doc_stride},
+        desc="windowing dev examples",
+        load_from_cache_file=False,
+    )
+
+
+def model_inputs(batch: dict[str, torch.Tensor], model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The tensors the model's forward accepts (DistilBERT has no token_type_ids)."""
+    accepted = inspect.signature(model.forward).parameters
+    return {name: batch[name] for name in MODEL_INPUT_NAMES if name in batch and name in accepted}
+
+
+@torch.no_grad()
+def predict_window_logits(
+    model: torch.nn.Module, windows: datasets.Dataset, batch_size: int, device: torch.device
+) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end logits for every window, as float32 numpy arrays."""
+    was_training = model.training
+    model.eval()
+    columns = [c for c in MODEL_INPUT_NAMES if c in windows.column_names]
+    tensors = {c: torch.tensor(windows[c]) for c in columns}
+    starts, ends = [], []
+    for begin in range(0, len(windows), batch_size):
+        batch = {c: t[begin : begin + batch_size].to(device) for c, t in tensors.items()}
+        output = model(**model_inputs(batch, model))
+        starts.append(output.start_logits.float().cpu().numpy())
+        ends.append(output.end_logits.float().cpu().numpy())
+    model.train(was_training)
+    return np.concatenate(starts), np.concatenate(ends)
+
+
+def evaluate_qa(
+    model: torch.nn.Module, tokenizer: Any, dev_examples: datasets.Dataset, cfg: SquadConfig, device: torch.device
+) -> tuple[dict[str, float], dict[str, str]]:
+    """SQuAD v1.1 exact match / F1 of `model` on `dev_examples`; returns (metrics, predictions by question id)."""
+    windows = validation_windows(dev_examples, tokenizer, cfg)
+    start_logits, end_logits = predict_window_logits(model, windows, cfg.eval_batch_size, device)
+    predictions = squad.postprocess_predictions(
+        dev_examples, windows, start_logits, end_logits,
+        n_best_size=cfg.n_best_size, max_answer_length=cfg.max_answer_length,
+    )
+    gold = {example_id: answers["text"] for example_id, answers in zip(dev_examples["id"], dev_examples["answers"])}
+    scores = squad.squad_v1_scores(gold, predictions)
+    metrics = {
+        "exact_match": round(scores["exact_match"], 3),
+        "f1": round(scores["f1"], 3),
+        "n_examples": scores["total"],
+        "n_windows": len(windows),
+    }
+    return metrics, predictions

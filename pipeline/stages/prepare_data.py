@@ -1,0 +1,157 @@
+"""Stage prepare_data: SQuAD train/dev and the MLM corpus, validated and written in one layout.
+
+Outputs (in --out-dir): train.jsonl and dev.jsonl (datasets squad columns), dev.json (SQuAD v1.1 layout, for
+`python -m pipeline evaluate-predictions`), corpus_train.txt and corpus_heldout.txt (one document per line),
+metrics.json (counts). With `data.squad: synthetic` the offline world is generated first (synthetic/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+from pathlib import Path
+
+import datasets
+
+from pipeline import synthetic
+from pipeline.artifacts import atomic_output_dir, atomic_write_json, setup_logging
+from pipeline.config import ConfigError, PipelineConfig, config_from_json
+from pipeline.data import load_squad
+from pipeline.mlm import read_corpus_lines
+
+logger = logging.getLogger(__name__)
+
+
+def _is_local_file(source: str) -> bool:
+    return source.endswith((".json", ".jsonl")) or "/" in source or Path(source).exists()
+
+
+def squad_sources(cfg: PipelineConfig, synthetic_dir: Path) -> tuple[str, str]:
+    """(train source, dev source) for load_squad."""
+    data = cfg.data
+    if data.squad == "synthetic":
+        return str(synthetic_dir / "train.json"), str(synthetic_dir / "dev.json")
+    if _is_local_file(data.squad):
+        if not data.squad_dev:
+            raise ConfigError("data.squad_dev: a dev file is required when data.squad is a local file")
+        return data.squad, data.squad_dev
+    return data.squad, data.squad  # hub dataset: the splits tell train from dev
+
+
+def corpus_lines(cfg: PipelineConfig, synthetic_dir: Path, train: datasets.Dataset) -> list[str]:
+    data = cfg.data
+    if data.corpus == "synthetic":
+        if data.squad != "synthetic":
+            raise ConfigError("data.corpus: 'synthetic' needs data.squad: synthetic (use 'squad_contexts' or a file)")
+        lines = read_corpus_lines(synthetic_dir / "corpus.txt")
+    elif data.corpus == "squad_contexts":
+        lines = list(dict.fromkeys(train["context"]))
+    elif _is_local_file(data.corpus):
+        if not Path(data.corpus).is_file():
+            raise ConfigError(f"data.corpus: file not found: {data.corpus}")
+        lines = read_corpus_lines(data.corpus)
+    else:
+        corpus = datasets.load_dataset(data.corpus, data.corpus_config_name, split=data.corpus_split)
+        if data.corpus_text_column not in corpus.column_names:
+            raise ConfigError(
+                f"data.corpus_text_column: {data.corpus_text_column!r} is not a column of {data.corpus} "
+                f"(columns: {corpus.column_names})"
+            )
+        lines = [text.strip() for text in corpus[data.corpus_text_column] if text and text.strip()]
+    if data.max_corpus_lines:
+        lines = lines[: data.max_corpus_lines]
+    return lines
+
+
+def split_heldout(lines: list[str], fraction: float, seed: int) -> tuple[list[str], list[str]]:
+    """A seeded, reproducible hold-out slice of the corpus for masked-token accuracy."""
+    order = list(range(len(lines)))
+    random.Random(seed).shuffle(order)
+    n_heldout = max(1, int(round(fraction * len(lines))))
+    heldout = set(order[:n_heldout])
+    return [l for i, l in enumerate(lines) if i not in heldout], [l for i, l in enumerate(lines) if i in heldout]
+
+
+def write_jsonl(dataset: datasets.Dataset, path: Path) -> None:
+    with path.open("w", encoding="utf-8") as handle:
+        for record in dataset:
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+def to_squad_v1_json(dataset: datasets.Dataset) -> dict:
+    """The official v1.1 layout, grouped by title and context, for the evaluate-predictions CLI."""
+    articles: dict[str, dict[str, list]] = {}
+    for record in dataset:
+        paragraphs = articles.setdefault(record["title"], {})
+        paragraphs.setdefault(record["context"], []).append(
+            {
+                "id": record["id"],
+                "question": record["question"],
+                "answers": [
+                    {"text": t, "answer_start": s}
+                    for t, s in zip(record["answers"]["text"], record["answers"]["answer_start"])
+                ],
+            }
+        )
+    data = [
+        {"title": title, "paragraphs": [{"context": c, "qas": qas} for c, qas in paragraphs.items()]}
+        for title, paragraphs in articles.items()
+    ]
+    return {"version": "1.1", "data": data}
+
+
+def run(cfg: PipelineConfig, out_dir: Path) -> dict:
+    with atomic_output_dir(out_dir) as tmp:
+        synthetic_dir = tmp / "synthetic"
+        world_stats = {}
+        if cfg.data.squad == "synthetic":
+            spec = synthetic.SyntheticWorldSpec(
+                seed=cfg.data.synthetic.seed,
+                n_train_contexts=cfg.data.synthetic.n_train_contexts,
+                n_dev_contexts=cfg.data.synthetic.n_dev_contexts,
+                n_corpus_paragraphs=cfg.data.synthetic.n_corpus_paragraphs,
+            )
+            world_stats = synthetic.write_world(spec, synthetic_dir)
+        train_source, dev_source = squad_sources(cfg, synthetic_dir)
+        train, train_report = load_squad(train_source, split=cfg.data.train_split, on_bad_example=cfg.data.on_bad_example)
+        dev, dev_report = load_squad(dev_source, split=cfg.data.dev_split, on_bad_example=cfg.data.on_bad_example)
+        if cfg.data.max_train_examples:
+            train = train.select(range(min(cfg.data.max_train_examples, len(train))))
+        if cfg.data.max_dev_examples:
+            dev = dev.select(range(min(cfg.data.max_dev_examples, len(dev))))
+        lines = corpus_lines(cfg, synthetic_dir, train)
+        corpus_train, corpus_heldout = split_heldout(lines, cfg.data.mlm_holdout_fraction, cfg.seed)
+
+        write_jsonl(train, tmp / "train.jsonl")
+        write_jsonl(dev, tmp / "dev.jsonl")
+        (tmp / "dev.json").write_text(json.dumps(to_squad_v1_json(dev), ensure_ascii=False))
+        (tmp / "corpus_train.txt").write_text("\n".join(corpus_train) + "\n", encoding="utf-8")
+        (tmp / "corpus_heldout.txt").write_text("\n".join(corpus_heldout) + "\n", encoding="utf-8")
+        metrics = {
+            "squad_source": cfg.data.squad,
+            "n_train_examples": len(train),
+            "n_dev_examples": len(dev),
+            "n_train_unanswerable_excluded": train_report.n_unanswerable_excluded,
+            "n_dev_unanswerable_excluded": dev_report.n_unanswerable_excluded,
+            "n_train_skipped": train_report.n_skipped,
+            "n_dev_skipped": dev_report.n_skipped,
+            "corpus_source": cfg.data.corpus,
+            "n_corpus_train_lines": len(corpus_train),
+            "n_corpus_heldout_lines": len(corpus_heldout),
+            "synthetic_world": world_stats,
+        }
+        atomic_write_json(tmp / "metrics.json", metrics)
+    logger.info("prepare_data: %s", json.dumps(metrics))
+    return metrics
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline prepare-data", description=__doc__)
+    parser.add_argument("--config-json", required=True, help="the pipeline config (or its relevant sections) as JSON")
+    parser.add_argument("--out-dir", required=True, type=Path)
+    args = parser.parse_args(argv)
+    setup_logging()
+    run(config_from_json(args.config_json), args.out_dir)
+    return 0

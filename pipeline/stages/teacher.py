@@ -1,0 +1,180 @@
+"""Stages teacher_pretrain and teacher_finetune: the BERT teacher.
+
+teacher_pretrain (only when no pretrained teacher is configured): a small BertForMaskedLM trained from scratch
+on the corpus with dynamic masking and no next-sentence prediction (as RoBERTa and DistilBERT do).
+teacher_finetune: BertForQuestionAnswering from that model (or from `teacher.pretrained`) fine-tuned on SQuAD,
+evaluated on dev with exact match / F1. With `teacher.pretrained_qa` an already fine-tuned model is only
+evaluated. Both write a save_pretrained directory (safetensors, with the tokenizer) and metrics.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import torch
+from transformers import AutoTokenizer, BertConfig, BertForMaskedLM, BertForQuestionAnswering
+
+from pipeline import qa
+from pipeline.artifacts import atomic_output_dir, atomic_write_json, fingerprint, setup_logging, to_plain
+from pipeline.config import PipelineConfig, config_from_json
+from pipeline.data import load_squad
+from pipeline.masking import mask_tokens
+from pipeline.mlm import collate_sequences, masked_token_accuracy, read_corpus_lines, special_token_ids, tokenize_corpus
+from pipeline.train import configure_cpu_threads, resolve_device, seed_everything, train
+
+logger = logging.getLogger(__name__)
+
+
+def teacher_config_from_scratch(cfg: PipelineConfig, tokenizer) -> BertConfig:
+    arch = cfg.teacher.architecture
+    return BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=arch.hidden_size,
+        num_hidden_layers=arch.num_layers,
+        num_attention_heads=arch.num_heads,
+        intermediate_size=arch.intermediate_size,
+        max_position_embeddings=arch.max_position_embeddings,
+        hidden_dropout_prob=arch.dropout,
+        attention_probs_dropout_prob=arch.dropout,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
+def run_pretrain(cfg: PipelineConfig, data_dir: Path, tokenizer_dir: Path, out_dir: Path, work_dir: Path) -> dict:
+    """MLM pretraining from scratch. `work_dir` holds checkpoints and the live training log."""
+    train_cfg = cfg.teacher.pretrain
+    configure_cpu_threads(train_cfg.cpu_threads)
+    device = resolve_device(train_cfg)
+    seed_everything(cfg.seed)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    model = BertForMaskedLM(teacher_config_from_scratch(cfg, tokenizer)).to(device)
+
+    max_len = cfg.teacher.pretrain_max_seq_length
+    sequences = tokenize_corpus(read_corpus_lines(data_dir / "corpus_train.txt"), tokenizer, max_len)
+    heldout = tokenize_corpus(read_corpus_lines(data_dir / "corpus_heldout.txt"), tokenizer, max_len)
+    specials = special_token_ids(tokenizer)
+
+    def collate(batch_sequences):
+        return collate_sequences(batch_sequences, tokenizer.pad_token_id, specials)
+
+    def compute_loss(batch):
+        # Dynamic masking: a fresh mask for every batch, drawn from the (checkpointed) global RNG.
+        masked, labels = mask_tokens(
+            batch["input_ids"], batch["special_tokens_mask"], tokenizer.mask_token_id, len(tokenizer),
+            cfg.teacher.mlm_probability,
+        )
+        loss = model(input_ids=masked, attention_mask=batch["attention_mask"], labels=labels).loss
+        return {"loss": loss, "mlm": loss.detach()}
+
+    run_id = fingerprint("teacher_pretrain", to_plain(cfg.teacher), cfg.seed, files=[data_dir / "corpus_train.txt", tokenizer_dir])
+    result = train(
+        module=model, compute_loss=compute_loss, examples=sequences, collate=collate, cfg=train_cfg,
+        seed=cfg.seed, device=device, checkpoint_dir=work_dir / "checkpoints", log_path=work_dir / "train_log.jsonl",
+        fingerprint=run_id, description="teacher_pretrain",
+    )
+    accuracy = masked_token_accuracy(
+        {"teacher": model}, heldout, tokenizer, cfg.teacher.mlm_probability, seed=cfg.seed, device=device
+    )
+    metrics = {
+        **result.as_metrics(),
+        "n_train_sequences": len(sequences),
+        "heldout_mlm_accuracy": round(accuracy["teacher"], 4),
+        "n_heldout_masked_tokens": accuracy["n_masked_tokens"],
+        "n_parameters": model.num_parameters(),
+    }
+    with atomic_output_dir(out_dir) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        shutil.copy(work_dir / "train_log.jsonl", tmp / "train_log.jsonl")
+        atomic_write_json(tmp / "metrics.json", metrics)
+    logger.info("teacher_pretrain: %s", json.dumps(metrics))
+    return metrics
+
+
+def run_finetune(
+    cfg: PipelineConfig, data_dir: Path, tokenizer_dir: Path, pretrained_dir: Path | None, out_dir: Path, work_dir: Path
+) -> dict:
+    """Fine-tune BertForQuestionAnswering on SQuAD (or only evaluate `teacher.pretrained_qa`)."""
+    train_cfg = cfg.teacher.finetune
+    configure_cpu_threads(train_cfg.cpu_threads)
+    device = resolve_device(train_cfg)
+    seed_everything(cfg.seed)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    dev, _ = load_squad(str(data_dir / "dev.jsonl"))
+
+    if cfg.teacher.pretrained_qa:
+        model = BertForQuestionAnswering.from_pretrained(cfg.teacher.pretrained_qa).to(device)
+        training_metrics = {"steps": 0, "train_seconds": 0.0, "tokens_per_second": 0.0, "fine_tuned_here": False}
+    else:
+        source = str(pretrained_dir) if pretrained_dir else cfg.teacher.pretrained
+        if not source:
+            raise ValueError("teacher_finetune needs --pretrained-dir or teacher.pretrained")
+        model = BertForQuestionAnswering.from_pretrained(source).to(device)
+        train_examples, _ = load_squad(str(data_dir / "train.jsonl"))
+        windows = qa.train_window_tensors(train_examples, tokenizer, cfg.squad)
+
+        def collate(indices):
+            return {name: tensor[indices] for name, tensor in windows.items()}
+
+        def compute_loss(batch):
+            output = model(**qa.model_inputs(batch, model), start_positions=batch["start_positions"],
+                           end_positions=batch["end_positions"])
+            return {"loss": output.loss}
+
+        run_id = fingerprint(
+            "teacher_finetune", to_plain(cfg.teacher), to_plain(cfg.squad), cfg.seed,
+            files=[data_dir / "train.jsonl", tokenizer_dir] + ([pretrained_dir] if pretrained_dir else []),
+        )
+        result = train(
+            module=model, compute_loss=compute_loss, examples=list(range(len(windows["input_ids"]))), collate=collate,
+            cfg=train_cfg, seed=cfg.seed, device=device, checkpoint_dir=work_dir / "checkpoints",
+            log_path=work_dir / "train_log.jsonl", fingerprint=run_id, description="teacher_finetune",
+        )
+        training_metrics = {**result.as_metrics(), "n_train_examples": len(train_examples),
+                            "n_train_windows": len(windows["input_ids"]), "fine_tuned_here": True}
+
+    dev_metrics, predictions = qa.evaluate_qa(model, tokenizer, dev, cfg.squad, device)
+    metrics = {**dev_metrics, **training_metrics, "n_parameters": model.num_parameters()}
+    with atomic_output_dir(out_dir) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        atomic_write_json(tmp / "predictions.json", predictions)
+        if (work_dir / "train_log.jsonl").is_file():
+            shutil.copy(work_dir / "train_log.jsonl", tmp / "train_log.jsonl")
+        atomic_write_json(tmp / "metrics.json", metrics)
+    logger.info("teacher_finetune: %s", json.dumps(metrics))
+    return metrics
+
+
+def main_pretrain(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline teacher-pretrain", description=run_pretrain.__doc__)
+    parser.add_argument("--config-json", required=True)
+    parser.add_argument("--data-dir", required=True, type=Path)
+    parser.add_argument("--tokenizer-dir", required=True, type=Path)
+    parser.add_argument("--out-dir", required=True, type=Path)
+    parser.add_argument("--work-dir", required=True, type=Path, help="checkpoints and live training log")
+    args = parser.parse_args(argv)
+    setup_logging()
+    run_pretrain(config_from_json(args.config_json), args.data_dir, args.tokenizer_dir, args.out_dir, args.work_dir)
+    return 0
+
+
+def main_finetune(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline teacher-finetune", description=run_finetune.__doc__)
+    parser.add_argument("--config-json", required=True)
+    parser.add_argument("--data-dir", required=True, type=Path)
+    parser.add_argument("--tokenizer-dir", required=True, type=Path)
+    parser.add_argument("--pretrained-dir", type=Path, default=None, help="output of teacher_pretrain, if any")
+    parser.add_argument("--out-dir", required=True, type=Path)
+    parser.add_argument("--work-dir", required=True, type=Path, help="checkpoints and live training log")
+    args = parser.parse_args(argv)
+    setup_logging()
+    run_finetune(
+        config_from_json(args.config_json), args.data_dir, args.tokenizer_dir, args.pretrained_dir, args.out_dir,
+        args.work_dir,
+    )
+    return 0

@@ -1,0 +1,90 @@
+"""Stage tokenizer: a pretrained tokenizer, or a BERT-style WordPiece tokenizer trained on this run's text.
+
+The trained tokenizer uses the tokenizers library (BERT normalizer and pre-tokenizer, WordPiece with
+[PAD] [UNK] [CLS] [SEP] [MASK]) and is saved as a transformers fast tokenizer (tokenizer.json + config),
+so AutoTokenizer and transformers.pipeline load it like any hub tokenizer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+from typing import Iterable
+
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import AutoTokenizer, BertTokenizerFast, PreTrainedTokenizerFast
+
+from pipeline.artifacts import atomic_output_dir, atomic_write_json, setup_logging
+from pipeline.config import PipelineConfig, TokenizerConfig, config_from_json
+from pipeline.mlm import read_corpus_lines
+
+logger = logging.getLogger(__name__)
+
+SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # BERT's special tokens, ids 0..4
+
+
+def train_wordpiece_tokenizer(texts: Iterable[str], cfg: TokenizerConfig, model_max_length: int) -> PreTrainedTokenizerFast:
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=cfg.lowercase, lowercase=cfg.lowercase
+    )
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency, special_tokens=SPECIAL_TOKENS
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
+    )
+    tokenizer.decoder = decoders.WordPiece(prefix="##")
+    return BertTokenizerFast(
+        tokenizer_object=tokenizer,
+        do_lower_case=cfg.lowercase,
+        unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]",
+        model_max_length=model_max_length,
+    )
+
+
+def training_texts(data_dir: Path) -> list[str]:
+    """The corpus plus SQuAD training contexts and questions, so questions' words are in the vocabulary."""
+    texts = read_corpus_lines(data_dir / "corpus_train.txt")
+    with (data_dir / "train.jsonl").open(encoding="utf-8") as handle:
+        for line in handle:
+            record = json.loads(line)
+            texts.append(record["context"])
+            texts.append(record["question"])
+    return texts
+
+
+def run(cfg: PipelineConfig, data_dir: Path, out_dir: Path) -> dict:
+    with atomic_output_dir(out_dir) as tmp:
+        if cfg.tokenizer.pretrained:
+            tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer.pretrained)
+            source = cfg.tokenizer.pretrained
+        else:
+            model_max_length = cfg.teacher.architecture.max_position_embeddings
+            tokenizer = train_wordpiece_tokenizer(training_texts(data_dir), cfg.tokenizer, model_max_length)
+            source = "trained WordPiece"
+        if not tokenizer.is_fast:
+            raise ValueError(f"tokenizer.pretrained: {source} has no fast tokenizer (offset mappings need one)")
+        tokenizer.save_pretrained(tmp)
+        metrics = {"source": source, "vocab_size": len(tokenizer)}
+        atomic_write_json(tmp / "metrics.json", metrics)
+    logger.info("tokenizer: %s", metrics)
+    return metrics
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline tokenizer", description=__doc__)
+    parser.add_argument("--config-json", required=True)
+    parser.add_argument("--data-dir", required=True, type=Path)
+    parser.add_argument("--out-dir", required=True, type=Path)
+    args = parser.parse_args(argv)
+    setup_logging()
+    run(config_from_json(args.config_json), args.data_dir, args.out_dir)
+    return 0
