@@ -1,0 +1,61 @@
+"""Typed config: loading, errors that name the key, and the generated schema Snakemake validates against."""
+
+import pytest
+import yaml
+from snakemake.exceptions import WorkflowError
+from snakemake.utils import validate
+
+from pipeline.config import ConfigError, PipelineConfig, from_dict, load_config, pipeline_schema_yaml, to_dict
+from tests.conftest import PROJECT_ROOT
+
+CONFIGS = PROJECT_ROOT / "configs"
+
+
+def test_committed_schema_is_generated_from_the_dataclasses():
+    assert (CONFIGS / "schema.yaml").read_text() == pipeline_schema_yaml(), (
+        "configs/schema.yaml is stale: run `python -m pipeline schema > configs/schema.yaml`"
+    )
+
+
+@pytest.mark.parametrize("name", ["default.yaml", "test.yaml", "paper.yaml"])
+def test_shipped_configs_load_and_validate(name):
+    cfg = load_config(CONFIGS / name)
+    assert isinstance(cfg, PipelineConfig)
+    validate(yaml.safe_load((CONFIGS / name).read_text()), str(CONFIGS / "schema.yaml"))
+
+
+def test_round_trip_through_plain_dict():
+    cfg = load_config(CONFIGS / "default.yaml")
+    assert from_dict(PipelineConfig, to_dict(cfg)) == cfg
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"teacher": {"finetune": {"lerning_rate": 0.1}}}, "teacher.finetune.lerning_rate: unknown config key"),
+        ({"teacher": {"finetune": {"learning_rate": "fast"}}}, "teacher.finetune.learning_rate: expected a number"),
+        ({"teacher": {"finetune": {"batch_size": 0}}}, "teacher.finetune.batch_size: 0 must be >= 1"),
+        ({"teacher": {"finetune": {"batch_size": True}}}, "teacher.finetune.batch_size: expected an integer"),
+        ({"data": {"on_bad_example": "ignore"}}, "data.on_bad_example: 'ignore' is not one of"),
+        ({"squad": {"max_seq_length": 64, "doc_stride": 64}}, "squad.doc_stride"),
+        ({"teacher": {"architecture": {"hidden_size": 30, "num_heads": 4}}}, "teacher.architecture.num_heads"),
+        ({"data": "synthetic"}, "data: expected a mapping"),
+    ],
+)
+def test_bad_values_fail_naming_the_key(data, message):
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("(", r"\(")):
+        from_dict(PipelineConfig, data)
+
+
+def test_snakemake_schema_validation_rejects_a_typo_before_any_job():
+    with pytest.raises(WorkflowError, match="lerning_rate"):
+        validate({"teacher": {"finetune": {"lerning_rate": 0.1}}}, str(CONFIGS / "schema.yaml"))
+
+
+def test_missing_or_invalid_config_file_names_the_file(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("teacher: [unclosed\n")
+    with pytest.raises(ConfigError, match="broken.yaml: invalid YAML"):
+        load_config(broken)
