@@ -1,0 +1,218 @@
+"""Student layer mapping, config and initialisation from a tiny BERT teacher."""
+
+import pytest
+import torch
+from transformers import BertConfig, BertForMaskedLM
+
+from pipeline.students import (
+    LayerMappingError,
+    init_student_from_teacher,
+    random_student,
+    student_config_from_teacher,
+    student_parameter_sources,
+    teacher_layers_for_student,
+    validate_student_against_teacher,
+)
+
+
+def tiny_teacher_config(**overrides) -> BertConfig:
+    fields = dict(
+        vocab_size=50,
+        hidden_size=16,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=64,
+    )
+    fields.update(overrides)
+    return BertConfig(**fields)
+
+
+@pytest.fixture
+def teacher() -> BertForMaskedLM:
+    torch.manual_seed(0)
+    model = BertForMaskedLM(tiny_teacher_config())
+    # Fresh BERT token-type embeddings are random too, but make row 0 clearly non-zero so the
+    # folding test would fail if it were dropped.
+    with torch.no_grad():
+        model.bert.embeddings.token_type_embeddings.weight[0] += 1.0
+    return model.eval()
+
+
+# ---------------------------------------------------------------- layer mapping
+
+
+@pytest.mark.parametrize(
+    ("n_teacher", "n_student", "expected"),
+    [
+        (12, 6, [0, 2, 4, 7, 9, 11]),  # the DistilBERT reference mapping
+        (4, 2, [0, 3]),
+        (6, 3, [0, 2, 5]),
+        (12, 7, [0, 2, 4, 6, 7, 9, 11]),
+        (12, 1, [0]),
+    ],
+)
+def test_every_other_keeps_bottom_and_top_teacher_layers(n_teacher, n_student, expected):
+    assert teacher_layers_for_student("every_other", n_teacher, n_student) == expected
+
+
+def test_every_other_refuses_a_student_too_deep_to_skip_layers():
+    with pytest.raises(LayerMappingError, match="student.layer_mapping.*'uniform'"):
+        teacher_layers_for_student("every_other", 12, 8)  # would give 0,2,4,6,5,7,9,11
+
+
+@pytest.mark.parametrize(
+    ("strategy", "n_teacher", "n_student", "expected"),
+    [
+        ("first_k", 12, 3, [0, 1, 2]),
+        ("last_k", 12, 3, [9, 10, 11]),
+        ("uniform", 12, 6, [1, 3, 5, 7, 9, 11]),  # TinyBERT g(m) = 2m
+        ("uniform", 12, 4, [2, 5, 8, 11]),  # TinyBERT g(m) = 3m
+        ("uniform", 4, 4, [0, 1, 2, 3]),
+        ([3, 1, 1], 4, 3, [3, 1, 1]),  # explicit lists may repeat and reorder
+    ],
+)
+def test_other_strategies(strategy, n_teacher, n_student, expected):
+    assert teacher_layers_for_student(strategy, n_teacher, n_student) == expected
+
+
+def test_out_of_range_layer_names_the_key_index_and_teacher_depth():
+    with pytest.raises(LayerMappingError, match=r"student\.layer_mapping\[1\].*4.*4 layers"):
+        teacher_layers_for_student([0, 4], 4, 2)
+
+
+def test_wrong_length_names_both_lengths():
+    with pytest.raises(LayerMappingError, match="my.key: lists 3 teacher layers but the student has 2"):
+        teacher_layers_for_student([0, 1, 2], 4, 2, key="my.key")
+
+
+def test_unknown_strategy_lists_the_valid_ones():
+    with pytest.raises(LayerMappingError, match="student.layer_mapping: unknown.*every_other, first_k, last_k, uniform"):
+        teacher_layers_for_student("every_third", 12, 6)
+
+
+@pytest.mark.parametrize("n_student", [0, -1, 5])
+def test_student_depth_must_be_between_one_and_teacher_depth(n_student):
+    with pytest.raises(LayerMappingError, match="student.layer_mapping"):
+        teacher_layers_for_student("first_k", 4, n_student)
+
+
+def test_layer_mapping_error_is_a_value_error():
+    with pytest.raises(ValueError):
+        teacher_layers_for_student([True, 1], 4, 2)
+
+
+def test_a_mapping_that_is_neither_name_nor_list_is_rejected():
+    with pytest.raises(LayerMappingError, match="student.layer_mapping: expected a strategy name"):
+        teacher_layers_for_student(6, 12, 6)
+
+
+def test_validate_student_against_teacher_uses_the_teacher_depth():
+    config = tiny_teacher_config(num_hidden_layers=12)
+    assert validate_student_against_teacher(config, 6, "every_other") == [0, 2, 4, 7, 9, 11]
+    with pytest.raises(LayerMappingError, match="distill.mapping"):
+        validate_student_against_teacher(config, 6, [0, 12, 1, 2, 3, 4], key="distill.mapping")
+
+
+# ---------------------------------------------------------------- student config
+
+
+def test_student_config_copies_the_teacher_shape_with_half_the_layers():
+    teacher_config = tiny_teacher_config(hidden_act="relu", hidden_dropout_prob=0.2, attention_probs_dropout_prob=0.3)
+    config = student_config_from_teacher(teacher_config, n_layers=None)
+    assert (config.vocab_size, config.dim, config.hidden_dim, config.n_heads) == (50, 16, 32, 2)
+    assert config.max_position_embeddings == 64
+    assert config.n_layers == 2
+    assert config.activation == "relu"
+    assert (config.dropout, config.attention_dropout) == (0.2, 0.3)
+    assert config.pad_token_id == teacher_config.pad_token_id
+    assert config.sinusoidal_pos_embds is False
+    assert student_config_from_teacher(teacher_config, n_layers=3).n_layers == 3
+
+
+# ---------------------------------------------------------------- init from teacher
+
+
+def test_every_student_parameter_is_copied_from_its_teacher_source(teacher):
+    student = init_student_from_teacher(teacher, student_config_from_teacher(teacher.config, 2), [0, 3])
+    sources = student_parameter_sources([0, 3])
+    teacher_state, student_state = teacher.state_dict(), student.state_dict()
+
+    assert {source.student_name for source in sources} == set(student_state)
+    for source in sources:
+        assert torch.equal(student_state[source.student_name], source.value_from(teacher_state)), source
+
+
+def test_student_layer_i_copies_the_mapped_teacher_layer(teacher):
+    student = init_student_from_teacher(teacher, student_config_from_teacher(teacher.config, 2), [0, 3])
+    teacher_layer = teacher.bert.encoder.layer[3]
+    student_layer = student.distilbert.transformer.layer[1]
+    assert torch.equal(student_layer.attention.q_lin.weight, teacher_layer.attention.self.query.weight)
+    assert torch.equal(student_layer.attention.out_lin.bias, teacher_layer.attention.output.dense.bias)
+    assert torch.equal(student_layer.ffn.lin2.weight, teacher_layer.output.dense.weight)
+    assert torch.equal(student_layer.output_layer_norm.weight, teacher_layer.output.LayerNorm.weight)
+
+
+def test_token_type_row_zero_is_folded_into_positions(teacher):
+    config = student_config_from_teacher(teacher.config, 2)
+    embeddings = teacher.bert.embeddings
+    folded = init_student_from_teacher(teacher, config, [0, 3])
+    plain = init_student_from_teacher(teacher, config, [0, 3], fold_token_type_into_positions=False)
+
+    expected = embeddings.position_embeddings.weight + embeddings.token_type_embeddings.weight[0]
+    assert torch.allclose(folded.distilbert.embeddings.position_embeddings.weight, expected)
+    assert torch.equal(plain.distilbert.embeddings.position_embeddings.weight, embeddings.position_embeddings.weight)
+
+
+def test_student_embedding_output_equals_the_teachers(teacher):
+    student = init_student_from_teacher(teacher, student_config_from_teacher(teacher.config, 2), [0, 3]).eval()
+    input_ids = torch.tensor([[2, 7, 11, 3, 0], [2, 5, 3, 0, 0]])
+    attention_mask = (input_ids != 0).long()
+    with torch.no_grad():
+        teacher_hidden = teacher(input_ids, attention_mask, output_hidden_states=True).hidden_states[0]
+        student_hidden = student(input_ids, attention_mask, output_hidden_states=True).hidden_states[0]
+    # Not bit-equal: (word + position) + token_type is summed in a different order than
+    # word + (position + token_type); LayerNorm then amplifies float rounding to ~1e-6.
+    assert torch.allclose(student_hidden, teacher_hidden, atol=1e-5)
+
+
+def test_mlm_projection_stays_tied_to_the_copied_word_embeddings(teacher):
+    student = init_student_from_teacher(teacher, student_config_from_teacher(teacher.config, 2), [0, 3])
+    assert student.vocab_projector.weight is student.distilbert.embeddings.word_embeddings.weight
+    assert torch.equal(student.vocab_projector.weight, teacher.cls.predictions.decoder.weight)
+    assert torch.equal(student.vocab_projector.bias, teacher.cls.predictions.bias)
+
+
+def test_untied_teacher_gives_an_untied_student_with_the_teachers_decoder():
+    torch.manual_seed(0)
+    teacher = BertForMaskedLM(tiny_teacher_config(tie_word_embeddings=False))
+    student = init_student_from_teacher(teacher, student_config_from_teacher(teacher.config, 2), [1, 3])
+    assert torch.equal(student.vocab_projector.weight, teacher.cls.predictions.decoder.weight)
+    assert torch.equal(
+        student.distilbert.embeddings.word_embeddings.weight, teacher.bert.embeddings.word_embeddings.weight
+    )
+    assert not torch.equal(student.vocab_projector.weight, student.distilbert.embeddings.word_embeddings.weight)
+
+
+def test_init_rejects_a_mapping_of_the_wrong_length(teacher):
+    with pytest.raises(LayerMappingError, match="teacher_layers"):
+        init_student_from_teacher(teacher, student_config_from_teacher(teacher.config, 2), [0, 1, 2])
+
+
+def test_init_rejects_a_student_narrower_than_the_teacher(teacher):
+    config = student_config_from_teacher(teacher.config, 2)
+    config.dim = 8
+    with pytest.raises(ValueError, match="dim=8"):
+        init_student_from_teacher(teacher, config, [0, 3])
+
+
+def test_random_student_is_reproducible_and_differs_from_the_teacher_copy(teacher):
+    config = student_config_from_teacher(teacher.config, 2)
+    copied = init_student_from_teacher(teacher, config, [0, 3]).state_dict()
+    first, second = random_student(config, seed=1).state_dict(), random_student(config, seed=1).state_dict()
+    other_seed = random_student(config, seed=2).state_dict()
+
+    name = "distilbert.transformer.layer.0.attention.q_lin.weight"
+    assert torch.equal(first[name], second[name])
+    assert not torch.equal(first[name], other_seed[name])
+    assert not torch.equal(first[name], copied[name])
