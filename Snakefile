@@ -18,7 +18,11 @@ FULL = to_dict(CFG)
 ROOT = CFG.output_root
 PYTHON = sys.executable  # the interpreter running snakemake, i.e. the project's environment
 PACKAGE = Path(workflow.basedir) / "pipeline"
-TEACHER_FROM_SCRATCH = CFG.teacher.pretrained is None and CFG.teacher.pretrained_qa is None
+TEACHER_FROM_SCRATCH = CFG.teacher.pretrained is None  # then rule teacher_pretrain trains the MLM teacher
+# The MLM teacher that init_student copies from and distill_pretrain learns from: a directory or a hub name.
+MLM_TEACHER = f"{ROOT}/teacher_pretrain" if TEACHER_FROM_SCRATCH else CFG.teacher.pretrained
+# Pretraining-distillation variants: the configured student, and the random-init ablation with the same budget.
+STUDENT_VARIANTS = ["main"] + (["random_init_ablation"] if CFG.distill_pretrain.run_random_init_ablation else [])
 TRAIN_RESOURCES = {"mem_mb": CFG.compute.training_mem_mb, "gpu": CFG.compute.gpus}
 LIGHT_RESOURCES = {"mem_mb": CFG.compute.light_mem_mb, "gpu": 0}
 
@@ -37,6 +41,9 @@ def code(*modules):
 rule all:
     input:
         f"{ROOT}/teacher",
+        expand(f"{ROOT}/distill_pretrain/{{variant}}", variant=STUDENT_VARIANTS),
+        f"{ROOT}/distill_squad",
+        f"{ROOT}/student_finetune",
 
 
 rule prepare_data:
@@ -128,4 +135,131 @@ rule teacher_finetune:
     shell:
         "OMP_NUM_THREADS={threads} {params.python:q} -m pipeline teacher-finetune --config-json {params.cfg:q}"
         " --data-dir {input.data:q} --tokenizer-dir {input.tokenizer:q} {params.pretrained}"
+        " --out-dir {output:q} --work-dir {params.work:q} > {log:q} 2>&1"
+
+
+rule token_counts:
+    input:
+        data=rules.prepare_data.output[0],
+        tokenizer=rules.tokenizer.output[0],
+        code=code("stages/token_counts", "mlm"),
+    output:
+        directory(f"{ROOT}/token_counts"),
+    params:
+        python=PYTHON,
+        cfg=stage_config("distill_pretrain"),
+    log:
+        f"{ROOT}/logs/token_counts.log",
+    benchmark:
+        f"{ROOT}/benchmarks/token_counts.tsv"
+    threads: 1
+    resources:
+        **LIGHT_RESOURCES,
+    shell:
+        "{params.python:q} -m pipeline token-counts --config-json {params.cfg:q} --data-dir {input.data:q}"
+        " --tokenizer-dir {input.tokenizer:q} --out-dir {output:q} > {log:q} 2>&1"
+
+
+rule init_student:
+    input:
+        teacher=[MLM_TEACHER] if TEACHER_FROM_SCRATCH else [],
+        tokenizer=rules.tokenizer.output[0],
+        code=code("stages/init_student", "students"),
+    output:
+        directory(f"{ROOT}/student_init/{{variant}}"),
+    wildcard_constraints:
+        variant="main|random_init_ablation",
+    params:
+        python=PYTHON,
+        cfg=stage_config("seed", "student"),
+        teacher=MLM_TEACHER,
+        init=lambda wildcards: "random" if wildcards.variant == "random_init_ablation" else CFG.student.init,
+    log:
+        f"{ROOT}/logs/init_student_{{variant}}.log",
+    benchmark:
+        f"{ROOT}/benchmarks/init_student_{{variant}}.tsv"
+    threads: 1
+    resources:
+        **LIGHT_RESOURCES,
+    shell:
+        "{params.python:q} -m pipeline init-student --config-json {params.cfg:q} --teacher {params.teacher:q}"
+        " --tokenizer-dir {input.tokenizer:q} --init {params.init:q} --out-dir {output:q} > {log:q} 2>&1"
+
+
+rule distill_pretrain:
+    input:
+        student=f"{ROOT}/student_init/{{variant}}",
+        teacher=[MLM_TEACHER] if TEACHER_FROM_SCRATCH else [],
+        data=rules.prepare_data.output[0],
+        token_counts=rules.token_counts.output[0],
+        code=code("stages/distill_pretrain", "train", "losses", "masking", "mlm", "stages/token_counts"),
+    output:
+        directory(f"{ROOT}/distill_pretrain/{{variant}}"),
+    wildcard_constraints:
+        variant="main|random_init_ablation",
+    params:
+        python=PYTHON,
+        cfg=stage_config("seed", "distill_pretrain"),
+        teacher=MLM_TEACHER,
+        work=lambda wildcards: f"{ROOT}/work/distill_pretrain_{wildcards.variant}",
+    log:
+        f"{ROOT}/logs/distill_pretrain_{{variant}}.log",
+    benchmark:
+        f"{ROOT}/benchmarks/distill_pretrain_{{variant}}.tsv"
+    threads: workflow.cores
+    resources:
+        **TRAIN_RESOURCES,
+    shell:
+        "OMP_NUM_THREADS={threads} {params.python:q} -m pipeline distill-pretrain --config-json {params.cfg:q}"
+        " --student-dir {input.student:q} --teacher {params.teacher:q} --data-dir {input.data:q}"
+        " --token-counts {input.token_counts:q}/token_counts.json --out-dir {output:q} --work-dir {params.work:q}"
+        " > {log:q} 2>&1"
+
+
+rule distill_squad:
+    input:
+        student=f"{ROOT}/distill_pretrain/main",
+        teacher=rules.teacher_finetune.output[0],
+        data=rules.prepare_data.output[0],
+        code=code("stages/distill_squad", "stages/distill_pretrain", "train", "losses", "qa", "squad", "students"),
+    output:
+        directory(f"{ROOT}/distill_squad"),
+    params:
+        python=PYTHON,
+        cfg=stage_config("seed", "squad", "distill_squad"),
+        work=f"{ROOT}/work/distill_squad",
+    log:
+        f"{ROOT}/logs/distill_squad.log",
+    benchmark:
+        f"{ROOT}/benchmarks/distill_squad.tsv"
+    threads: workflow.cores
+    resources:
+        **TRAIN_RESOURCES,
+    shell:
+        "OMP_NUM_THREADS={threads} {params.python:q} -m pipeline distill-squad --config-json {params.cfg:q}"
+        " --student-dir {input.student:q} --teacher-dir {input.teacher:q} --data-dir {input.data:q}"
+        " --out-dir {output:q} --work-dir {params.work:q} > {log:q} 2>&1"
+
+
+rule student_finetune:
+    input:
+        student=f"{ROOT}/distill_pretrain/main",
+        data=rules.prepare_data.output[0],
+        code=code("stages/distill_squad", "train", "losses", "qa", "squad"),
+    output:
+        directory(f"{ROOT}/student_finetune"),
+    params:
+        python=PYTHON,
+        cfg=stage_config("seed", "squad", "distill_squad"),
+        work=f"{ROOT}/work/student_finetune",
+    log:
+        f"{ROOT}/logs/student_finetune.log",
+    benchmark:
+        f"{ROOT}/benchmarks/student_finetune.tsv"
+    threads: workflow.cores
+    resources:
+        **TRAIN_RESOURCES,
+    shell:
+        "OMP_NUM_THREADS={threads} {params.python:q} -m pipeline distill-squad --ce-only --config-json {params.cfg:q}"
+        " --student-dir {input.student:q} --data-dir {input.data:q}"
         " --out-dir {output:q} --work-dir {params.work:q} > {log:q} 2>&1"

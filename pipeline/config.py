@@ -187,6 +187,112 @@ class SquadConfig:
 
 
 @dataclass
+class StudentConfig:
+    """The DistilBERT student (Sanh et al. 2019): the teacher's width, fewer layers, no token types, no pooler."""
+
+    n_layers: int | None = option(None, "Student depth; null: half the teacher's (DistilBERT: 12 -> 6).", minimum=1)
+    layer_mapping: str | list[int] = option(
+        "every_other",
+        "Teacher layer each student layer is copied from: every_other (12->6: 0,2,4,7,9,11), first_k, last_k, "
+        "uniform, or an explicit list of teacher layer indices.",
+    )
+    init: Literal["teacher", "random"] = option("teacher", "Initialise from the teacher, or randomly (ablation).")
+    fold_token_type_into_positions: bool = option(
+        True, "Add the teacher's token-type-0 embedding into the student's position embeddings."
+    )
+
+
+def _default_distill_pretrain_train() -> TrainConfig:
+    # DistilBERT reference distiller defaults: lr 5e-4, warm-up 5%, Adam eps 1e-6, betas (0.9, 0.98), clip 5.0.
+    return TrainConfig(epochs=3.0, batch_size=32, learning_rate=5e-4, warmup_ratio=0.05, weight_decay=0.0,
+                       adam_eps=1e-6, adam_beta1=0.9, adam_beta2=0.98, max_grad_norm=5.0)
+
+
+@dataclass
+class DistillPretrainConfig:
+    """Distillation during MLM pretraining: alpha_ce*L_ce + alpha_mlm*L_mlm + alpha_cos*L_cos (+ alpha_mse*L_mse)."""
+
+    alpha_ce: float = option(5.0, "Weight of KL(teacher || student) on temperature-softened logits.", minimum=0.0)
+    alpha_mlm: float = option(2.0, "Weight of the masked-LM cross-entropy against the true tokens.", minimum=0.0)
+    alpha_cos: float = option(1.0, "Weight of the cosine loss between last hidden states.", minimum=0.0)
+    alpha_mse: float = option(0.0, "Weight of an MSE between student and teacher logits.", minimum=0.0)
+    temperature: float = option(2.0, "Softmax temperature T (DistilBERT: 2).", exclusiveMinimum=0.0)
+    mlm_mask_prop: float = option(0.15, "Fraction of tokens selected for masking.", exclusiveMinimum=0.0, maximum=1.0)
+    token_frequency_smoothing: bool = option(
+        True, "Select tokens with probability proportional to max(count, 1)^-0.7 (reference mlm_smoothing)."
+    )
+    smoothing_exponent: float = option(0.7, "Exponent of the token-frequency smoothing.", minimum=0.0)
+    restrict_ce_to_mask: bool = option(False, "Compute L_ce only at masked positions (else all non-padding).")
+    max_seq_length: int = option(128, "Corpus lines are truncated to this many tokens.", minimum=8)
+    run_random_init_ablation: bool = option(
+        True, "Also distill a randomly initialised student with the same budget (rule distill_pretrain_ablation)."
+    )
+    train: TrainConfig = option(_default_distill_pretrain_train, "The training run.")
+
+    def __post_init__(self) -> None:
+        if self.alpha_ce + self.alpha_mlm + self.alpha_cos + self.alpha_mse <= 0:
+            raise ConfigError("distill_pretrain.alpha_ce: at least one loss weight must be positive")
+
+
+@dataclass
+class DistilBertObjectiveConfig:
+    """Soft start/end targets: KL(softmax(t/T) || softmax(s/T)) * T^2 over context positions (Sanh et al. 2019)."""
+
+    weight: float = option(0.5, "alpha_kd: weight of the soft-target loss.", minimum=0.0)
+    temperature: float = option(2.0, "Softmax temperature T.", exclusiveMinimum=0.0)
+
+
+@dataclass
+class PKDObjectiveConfig:
+    """Patient KD (Sun et al. 2019): MSE between L2-normalised [CLS] states of mapped layers.
+
+    Paper grid: T in {5, 10, 20}, alpha in {0.2, 0.5, 0.7}, beta in {10, 100, 500, 1000}.
+    """
+
+    weight: float = option(100.0, "beta: weight of the patient loss.", minimum=0.0)
+    scheme: Literal["skip", "last"] = option("skip", "PKD-Skip (every k-th teacher layer) or PKD-Last (the last k).")
+
+
+@dataclass
+class TinyBERTObjectiveConfig:
+    """TinyBERT (Jiao et al. 2019): attention-score, hidden-state, embedding and prediction-layer distillation."""
+
+    attention_weight: float = option(1.0, "Weight of the pre-softmax attention-score MSE.", minimum=0.0)
+    hidden_weight: float = option(1.0, "Weight of the hidden-state MSE.", minimum=0.0)
+    embedding_weight: float = option(1.0, "Weight of the embedding-output MSE.", minimum=0.0)
+    prediction_weight: float = option(1.0, "Weight of the soft cross-entropy on start/end logits.", minimum=0.0)
+    temperature: float = option(1.0, "Temperature of the prediction-layer soft cross-entropy.", exclusiveMinimum=0.0)
+    layer_mapping: str | list[int] = option("uniform", "Teacher layer for each student layer (as student.layer_mapping).")
+    projection: bool = option(True, "Learn a linear map student width -> teacher width (needed when they differ).")
+
+
+def _default_distill_squad_train() -> TrainConfig:
+    return TrainConfig(epochs=3.0, batch_size=32, learning_rate=5e-4, warmup_ratio=0.1, weight_decay=0.01,
+                       adam_eps=1e-6, adam_beta2=0.999, max_grad_norm=1.0)
+
+
+@dataclass
+class DistillSquadConfig:
+    """Second distillation step on SQuAD: alpha_task * CE(gold) + each chosen objective with its weight."""
+
+    alpha_task: float = option(0.5, "Weight of the cross-entropy against the gold start/end.", minimum=0.0)
+    objectives: list[Literal["distilbert", "pkd", "tinybert"]] = option(
+        ["distilbert"], "Distillation objectives to combine: distilbert, pkd, tinybert."
+    )
+    distilbert: DistilBertObjectiveConfig = section(DistilBertObjectiveConfig, "The DistilBERT soft-target loss.")
+    pkd: PKDObjectiveConfig = section(PKDObjectiveConfig, "The PKD patient loss.")
+    tinybert: TinyBERTObjectiveConfig = section(TinyBERTObjectiveConfig, "The TinyBERT losses.")
+    cache_teacher_logits: bool = option(
+        True, "Compute the teacher's start/end logits once and reuse them every epoch (logit-only objectives)."
+    )
+    train: TrainConfig = option(_default_distill_squad_train, "The training run (the CE-only baseline uses it too).")
+
+    def __post_init__(self) -> None:
+        if len(set(self.objectives)) != len(self.objectives):
+            raise ConfigError(f"distill_squad.objectives: {self.objectives} lists an objective twice")
+
+
+@dataclass
 class ComputeConfig:
     """What Snakemake rules ask the scheduler for (resources:)."""
 
@@ -205,6 +311,9 @@ class PipelineConfig:
     tokenizer: TokenizerConfig = section(TokenizerConfig, "Pretrained or trained WordPiece tokenizer.")
     teacher: TeacherConfig = section(TeacherConfig, "The BERT teacher.")
     squad: SquadConfig = section(SquadConfig, "QA windowing and postprocessing.")
+    student: StudentConfig = section(StudentConfig, "The DistilBERT student.")
+    distill_pretrain: DistillPretrainConfig = section(DistillPretrainConfig, "Pretraining distillation.")
+    distill_squad: DistillSquadConfig = section(DistillSquadConfig, "SQuAD distillation (second step).")
     compute: ComputeConfig = section(ComputeConfig, "Scheduler resources per rule.")
 
 

@@ -34,6 +34,20 @@ def train_window_tensors(examples: datasets.Dataset, tokenizer: Any, cfg: SquadC
     return {name: torch.tensor(features[name]) for name in features.column_names}
 
 
+def window_collate(windows: dict[str, torch.Tensor]):
+    """Collate window indices into a batch trimmed to its longest window (windows are right-padded)."""
+    sequence_names = [n for n in MODEL_INPUT_NAMES if n in windows]
+
+    def collate(indices: list[int]) -> dict[str, torch.Tensor]:
+        batch = {name: tensor[indices] for name, tensor in windows.items()}
+        length = int(batch["attention_mask"].sum(dim=1).max())
+        for name in sequence_names:
+            batch[name] = batch[name][:, :length]
+        return batch
+
+    return collate
+
+
 def validation_windows(examples: datasets.Dataset, tokenizer: Any, cfg: SquadConfig) -> datasets.Dataset:
     return examples.map(
         squad.prepare_validation_features,
@@ -60,12 +74,16 @@ def predict_window_logits(
     model.eval()
     columns = [c for c in MODEL_INPUT_NAMES if c in windows.column_names]
     tensors = {c: torch.tensor(windows[c]) for c in columns}
+    full_length = tensors["input_ids"].shape[1]
     starts, ends = [], []
     for begin in range(0, len(windows), batch_size):
-        batch = {c: t[begin : begin + batch_size].to(device) for c, t in tensors.items()}
+        # Run only up to the batch's longest window; padded positions get a score no answer can win with.
+        length = int(tensors["attention_mask"][begin : begin + batch_size].sum(dim=1).max())
+        batch = {c: t[begin : begin + batch_size, :length].to(device) for c, t in tensors.items()}
         output = model(**model_inputs(batch, model))
-        starts.append(output.start_logits.float().cpu().numpy())
-        ends.append(output.end_logits.float().cpu().numpy())
+        pad = (0, full_length - length)
+        starts.append(torch.nn.functional.pad(output.start_logits.float().cpu(), pad, value=-1e4).numpy())
+        ends.append(torch.nn.functional.pad(output.end_logits.float().cpu(), pad, value=-1e4).numpy())
     model.train(was_training)
     return np.concatenate(starts), np.concatenate(ends)
 

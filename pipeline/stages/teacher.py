@@ -22,6 +22,7 @@ from pipeline import qa
 from pipeline.artifacts import atomic_output_dir, atomic_write_json, fingerprint, setup_logging, to_plain
 from pipeline.config import PipelineConfig, config_from_json
 from pipeline.data import load_squad
+from pipeline.losses import masked_lm_loss
 from pipeline.masking import mask_tokens
 from pipeline.mlm import collate_sequences, masked_token_accuracy, read_corpus_lines, special_token_ids, tokenize_corpus
 from pipeline.train import configure_cpu_threads, resolve_device, seed_everything, train
@@ -67,7 +68,10 @@ def run_pretrain(cfg: PipelineConfig, data_dir: Path, tokenizer_dir: Path, out_d
             batch["input_ids"], batch["special_tokens_mask"], tokenizer.mask_token_id, len(tokenizer),
             cfg.teacher.mlm_probability,
         )
-        loss = model(input_ids=masked, attention_mask=batch["attention_mask"], labels=labels).loss
+        hidden = model.bert(input_ids=masked, attention_mask=batch["attention_mask"]).last_hidden_state
+        # Vocabulary logits only at the masked positions: the [B, S, V] tensor is most of MLM's cost.
+        selected = labels != -100
+        loss = masked_lm_loss(model.cls(hidden[selected]), labels[selected])
         return {"loss": loss, "mlm": loss.detach()}
 
     run_id = fingerprint("teacher_pretrain", to_plain(cfg.teacher), cfg.seed, files=[data_dir / "corpus_train.txt", tokenizer_dir])
@@ -117,8 +121,7 @@ def run_finetune(
         train_examples, _ = load_squad(str(data_dir / "train.jsonl"))
         windows = qa.train_window_tensors(train_examples, tokenizer, cfg.squad)
 
-        def collate(indices):
-            return {name: tensor[indices] for name, tensor in windows.items()}
+        collate = qa.window_collate(windows)
 
         def compute_loss(batch):
             output = model(**qa.model_inputs(batch, model), start_positions=batch["start_positions"],

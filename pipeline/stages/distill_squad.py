@@ -1,0 +1,279 @@
+"""Stages distill_squad and student_finetune: the student learns SQuAD, with or without a teacher.
+
+distill_squad (Sanh et al. 2019, second step): DistilBertForQuestionAnswering initialised from the
+distill_pretrain output learns from the gold spans and from the frozen teacher_finetune model:
+    loss = alpha_task * CE(gold start/end) + sum of the chosen objectives, each with its weight:
+    distilbert: alpha_kd * KL(softmax(t/T) || softmax(s/T)) * T^2 on start and end logits, averaged, over
+                [CLS] and context positions only (the reference script also spreads mass over question tokens
+                and padding; we mask them);
+    pkd:        beta * patient loss on normalised [CLS] states of mapped layers (Sun et al. 2019);
+    tinybert:   attention-score, hidden-state (with a learned projection when widths differ) and embedding
+                MSE, plus prediction-layer soft cross-entropy (Jiao et al. 2019).
+student_finetune (--ce-only): the same student with plain CE and no teacher, so the report shows what the
+second distillation step adds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoTokenizer, BertForQuestionAnswering, DistilBertForQuestionAnswering
+
+from pipeline import qa
+from pipeline.artifacts import atomic_output_dir, atomic_write_json, fingerprint, read_json, setup_logging, to_plain
+from pipeline.config import ConfigError, DistillSquadConfig, PipelineConfig, config_from_json
+from pipeline.data import load_squad
+from pipeline.losses import (
+    AttentionScoreRecorder,
+    pkd_patient_loss,
+    pkd_teacher_layers,
+    qa_distillation_loss,
+    qa_task_loss,
+    soft_cross_entropy,
+    tinybert_attention_loss,
+    tinybert_embedding_loss,
+    tinybert_hidden_loss,
+)
+from pipeline.stages.distill_pretrain import freeze
+from pipeline.students import LayerMappingError, teacher_layers_for_student
+from pipeline.train import configure_cpu_threads, resolve_device, seed_everything, train
+
+logger = logging.getLogger(__name__)
+
+LOGIT_ONLY_OBJECTIVES = {"distilbert"}  # objectives a cache of teacher logits can serve
+
+
+def distillation_plan(cfg: DistillSquadConfig, student_config, teacher_config) -> dict:
+    """Check the objectives against both models before any training; returns the layer mappings.
+
+    Errors name the config key: a layer mapping outside the teacher's depth, a width mismatch without a
+    projection, a head-count mismatch for attention-score distillation.
+    """
+    n_student, n_teacher = student_config.n_layers, teacher_config.num_hidden_layers
+    student_width, teacher_width = student_config.dim, teacher_config.hidden_size
+    plan: dict = {}
+    try:
+        if "pkd" in cfg.objectives:
+            if student_width != teacher_width:
+                raise ConfigError(
+                    f"distill_squad.objectives: pkd compares [CLS] states directly and needs equal widths "
+                    f"(student {student_width}, teacher {teacher_width})"
+                )
+            plan["pkd_teacher_layers"] = pkd_teacher_layers(n_teacher, n_student, cfg.pkd.scheme)
+        if "tinybert" in cfg.objectives:
+            plan["tinybert_teacher_layers"] = teacher_layers_for_student(
+                cfg.tinybert.layer_mapping, n_teacher, n_student, key="distill_squad.tinybert.layer_mapping"
+            )
+            if student_width != teacher_width and not cfg.tinybert.projection:
+                raise ConfigError(
+                    f"distill_squad.tinybert.projection: student width {student_width} differs from teacher width "
+                    f"{teacher_width}; hidden-state distillation needs a projection (set projection: true)"
+                )
+            if cfg.tinybert.attention_weight > 0 and student_config.n_heads != teacher_config.num_attention_heads:
+                raise ConfigError(
+                    f"distill_squad.tinybert.attention_weight: attention-score MSE needs equal head counts "
+                    f"(student {student_config.n_heads}, teacher {teacher_config.num_attention_heads})"
+                )
+    except (LayerMappingError, ValueError) as error:
+        if isinstance(error, ConfigError):
+            raise
+        raise ConfigError(str(error)) from None
+    plan["needs_projection"] = "tinybert" in cfg.objectives and student_width != teacher_width
+    return plan
+
+
+def kd_positions(batch: dict[str, torch.Tensor], sep_token_id: int) -> torch.Tensor:
+    """[CLS] and context tokens: the positions an answer (or the no-answer [CLS] label) can take."""
+    context = (batch["token_type_ids"] == 1) & (batch["attention_mask"] == 1) & (batch["input_ids"] != sep_token_id)
+    context[:, 0] = True
+    return context
+
+
+@torch.no_grad()
+def teacher_window_logits(teacher, windows: dict[str, torch.Tensor], batch_size: int, device) -> dict[str, torch.Tensor]:
+    """The frozen teacher's start/end logits for every training window, computed once."""
+    starts, ends = [], []
+    for begin in range(0, len(windows["input_ids"]), batch_size):
+        batch = {n: t[begin : begin + batch_size].to(device) for n, t in windows.items() if n in qa.MODEL_INPUT_NAMES}
+        output = teacher(**qa.model_inputs(batch, teacher))
+        starts.append(output.start_logits.float().cpu())
+        ends.append(output.end_logits.float().cpu())
+    return {"teacher_start_logits": torch.cat(starts), "teacher_end_logits": torch.cat(ends)}
+
+
+def cached_teacher_logits(teacher, windows, batch_size, device, cache_path: Path) -> dict[str, torch.Tensor]:
+    if cache_path.is_file():
+        logger.info("reusing cached teacher logits %s", cache_path)
+        return load_file(str(cache_path))
+    logits = teacher_window_logits(teacher, windows, batch_size, device)
+    cache_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache_path.with_name(cache_path.name + ".tmp")
+    save_file(logits, str(tmp))
+    tmp.replace(cache_path)
+    return logits
+
+
+class SquadDistillationLoss:
+    """compute_loss(batch) for the training loop: the task loss plus each configured objective."""
+
+    def __init__(self, student, teacher, cfg: DistillSquadConfig, plan: dict, projection, sep_token_id: int):
+        self.student, self.teacher, self.cfg, self.plan = student, teacher, cfg, plan
+        self.projection, self.sep_token_id = projection, sep_token_id
+        self.needs_hidden = bool({"pkd", "tinybert"} & set(cfg.objectives))
+
+    def __call__(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        cfg = self.cfg
+        inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+        record_attention = "tinybert" in cfg.objectives and cfg.tinybert.attention_weight > 0
+        with AttentionScoreRecorder(self.student) if record_attention else _nothing() as student_scores:
+            student_out = self.student(**inputs, output_hidden_states=self.needs_hidden)
+        terms = {"task": qa_task_loss(student_out.start_logits, student_out.end_logits,
+                                      batch["start_positions"], batch["end_positions"])}
+        total = cfg.alpha_task * terms["task"]
+        if self.teacher is None:  # CE-only baseline
+            return {"loss": total, **terms}
+
+        if "teacher_start_logits" in batch:
+            teacher_start, teacher_end, teacher_out, teacher_scores = (
+                batch["teacher_start_logits"], batch["teacher_end_logits"], None, None)
+        else:
+            with torch.no_grad():
+                with AttentionScoreRecorder(self.teacher) if record_attention else _nothing() as teacher_scores:
+                    teacher_out = self.teacher(**qa.model_inputs(batch, self.teacher),
+                                               output_hidden_states=self.needs_hidden)
+            teacher_start, teacher_end = teacher_out.start_logits, teacher_out.end_logits
+
+        if "distilbert" in cfg.objectives:
+            keep = kd_positions(batch, self.sep_token_id)
+            terms["kd"] = qa_distillation_loss(student_out.start_logits, student_out.end_logits,
+                                               teacher_start, teacher_end, keep, cfg.distilbert.temperature)
+            total = total + cfg.distilbert.weight * terms["kd"]
+        if "pkd" in cfg.objectives:
+            # hidden_states[0] is the embedding output; layer i's output is hidden_states[i + 1].
+            student_cls = [student_out.hidden_states[i + 1][:, 0] for i in range(len(self.plan["pkd_teacher_layers"]))]
+            teacher_cls = [teacher_out.hidden_states[t + 1][:, 0] for t in self.plan["pkd_teacher_layers"]]
+            terms["pkd"] = pkd_patient_loss(student_cls, teacher_cls)
+            total = total + cfg.pkd.weight * terms["pkd"]
+        if "tinybert" in cfg.objectives:
+            layers = self.plan["tinybert_teacher_layers"]
+            mask = batch["attention_mask"]
+            tb = cfg.tinybert
+            if tb.attention_weight > 0:
+                terms["tb_attention"] = tinybert_attention_loss(
+                    student_scores.scores, [teacher_scores.scores[t] for t in layers], mask)
+                total = total + tb.attention_weight * terms["tb_attention"]
+            terms["tb_hidden"] = tinybert_hidden_loss(
+                list(student_out.hidden_states[1:]), [teacher_out.hidden_states[t + 1] for t in layers],
+                self.projection, mask)
+            terms["tb_embedding"] = tinybert_embedding_loss(
+                student_out.hidden_states[0], teacher_out.hidden_states[0], self.projection, mask)
+            start_ce = soft_cross_entropy(student_out.start_logits, teacher_start, tb.temperature)
+            end_ce = soft_cross_entropy(student_out.end_logits, teacher_end, tb.temperature)
+            terms["tb_prediction"] = (start_ce + end_ce) / 2
+            total = (total + tb.hidden_weight * terms["tb_hidden"] + tb.embedding_weight * terms["tb_embedding"]
+                     + tb.prediction_weight * terms["tb_prediction"])
+        return {"loss": total, **{name: value.detach() for name, value in terms.items()}}
+
+
+class _nothing:
+    """A no-op context manager standing in for AttentionScoreRecorder when attention is not distilled."""
+
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def run(
+    cfg: PipelineConfig,
+    student_dir: Path,
+    teacher_dir: Path | None,
+    data_dir: Path,
+    out_dir: Path,
+    work_dir: Path,
+) -> dict:
+    """Train the student on SQuAD; with teacher_dir None, plain CE (the student_finetune baseline)."""
+    dcfg = cfg.distill_squad
+    configure_cpu_threads(dcfg.train.cpu_threads)
+    device = resolve_device(dcfg.train)
+    seed_everything(cfg.seed)
+    tokenizer = AutoTokenizer.from_pretrained(student_dir)
+    student = DistilBertForQuestionAnswering.from_pretrained(student_dir).to(device)
+    teacher = None
+    plan: dict = {}
+    projection = None
+    if teacher_dir is not None:
+        teacher = freeze(BertForQuestionAnswering.from_pretrained(teacher_dir)).to(device)
+        plan = distillation_plan(dcfg, student.config, teacher.config)
+        if plan["needs_projection"]:
+            projection = torch.nn.Linear(student.config.dim, teacher.config.hidden_size).to(device)
+    trainable = torch.nn.ModuleDict({"student": student} | ({"projection": projection} if projection else {}))
+
+    train_examples, _ = load_squad(str(data_dir / "train.jsonl"))
+    dev, _ = load_squad(str(data_dir / "dev.jsonl"))
+    windows = qa.train_window_tensors(train_examples, tokenizer, cfg.squad)
+    run_id = fingerprint(
+        "distill_squad" if teacher else "student_finetune", to_plain(dcfg), to_plain(cfg.squad), cfg.seed,
+        files=[data_dir / "train.jsonl", student_dir] + ([teacher_dir] if teacher_dir else []),
+    )
+    use_cache = teacher is not None and dcfg.cache_teacher_logits and set(dcfg.objectives) <= LOGIT_ONLY_OBJECTIVES
+    if use_cache:
+        windows |= cached_teacher_logits(
+            teacher, windows, cfg.squad.eval_batch_size, device, work_dir / f"teacher_logits-{run_id}.safetensors"
+        )
+    loss = SquadDistillationLoss(student, teacher, dcfg, plan, projection, tokenizer.sep_token_id)
+    result = train(
+        module=trainable, compute_loss=loss, examples=list(range(len(windows["input_ids"]))),
+        collate=qa.window_collate(windows), cfg=dcfg.train, seed=cfg.seed, device=device,
+        checkpoint_dir=work_dir / "checkpoints", log_path=work_dir / "train_log.jsonl", fingerprint=run_id,
+        description="distill_squad" if teacher else "student_finetune",
+    )
+    dev_metrics, predictions = qa.evaluate_qa(student, tokenizer, dev, cfg.squad, device)
+    metrics = {
+        **dev_metrics,
+        **result.as_metrics(),
+        "objectives": list(dcfg.objectives) if teacher else [],
+        "alpha_task": dcfg.alpha_task,
+        "teacher_logits_cached": use_cache,
+        "layer_plan": {k: v for k, v in plan.items() if k != "needs_projection"},
+        "n_train_windows": len(windows["input_ids"]),
+        "n_parameters": student.num_parameters(),
+    }
+    if teacher_dir is not None and (teacher_dir / "metrics.json").is_file():
+        teacher_metrics = read_json(teacher_dir / "metrics.json")
+        metrics["teacher_f1"] = teacher_metrics["f1"]
+        metrics["teacher_exact_match"] = teacher_metrics["exact_match"]
+        metrics["f1_relative_to_teacher"] = round(metrics["f1"] / max(teacher_metrics["f1"], 1e-9), 4)
+    with atomic_output_dir(out_dir) as tmp:
+        student.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        atomic_write_json(tmp / "predictions.json", predictions)
+        shutil.copy(work_dir / "train_log.jsonl", tmp / "train_log.jsonl")
+        atomic_write_json(tmp / "metrics.json", metrics)
+    logger.info("%s: %s", "distill_squad" if teacher else "student_finetune", json.dumps(metrics))
+    return metrics
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline distill-squad", description=__doc__)
+    parser.add_argument("--config-json", required=True)
+    parser.add_argument("--student-dir", required=True, type=Path, help="output of distill_pretrain")
+    parser.add_argument("--teacher-dir", type=Path, default=None, help="output of teacher_finetune")
+    parser.add_argument("--ce-only", action="store_true", help="no teacher: the student_finetune baseline")
+    parser.add_argument("--data-dir", required=True, type=Path)
+    parser.add_argument("--out-dir", required=True, type=Path)
+    parser.add_argument("--work-dir", required=True, type=Path, help="checkpoints, teacher-logit cache, live log")
+    args = parser.parse_args(argv)
+    if args.ce_only == (args.teacher_dir is not None):
+        parser.error("give exactly one of --teacher-dir and --ce-only")
+    setup_logging()
+    run(config_from_json(args.config_json), args.student_dir, args.teacher_dir, args.data_dir, args.out_dir,
+        args.work_dir)
+    return 0

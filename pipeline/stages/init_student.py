@@ -1,0 +1,69 @@
+"""Stage init_student: a DistilBERT student built from the MLM teacher (Sanh et al. 2019).
+
+The student has the teacher's width, half its layers by default, no token-type embeddings and no pooler.
+With `student.init: teacher` its embeddings, its layers (copied from teacher layers chosen by
+`student.layer_mapping`) and its MLM head come from the teacher; `--init random` builds the ablation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+from transformers import AutoTokenizer, BertForMaskedLM
+
+from pipeline.artifacts import atomic_output_dir, atomic_write_json, setup_logging
+from pipeline.config import PipelineConfig, config_from_json
+from pipeline.students import (
+    init_student_from_teacher,
+    random_student,
+    student_config_from_teacher,
+    validate_student_against_teacher,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def run(cfg: PipelineConfig, teacher_source: str, tokenizer_dir: Path, out_dir: Path, init: str | None = None) -> dict:
+    init = init or cfg.student.init
+    teacher = BertForMaskedLM.from_pretrained(teacher_source)
+    n_layers = cfg.student.n_layers or max(1, teacher.config.num_hidden_layers // 2)
+    teacher_layers = validate_student_against_teacher(teacher.config, n_layers, cfg.student.layer_mapping)
+    student_config = student_config_from_teacher(teacher.config, n_layers)
+    if init == "teacher":
+        student = init_student_from_teacher(
+            teacher, student_config, teacher_layers,
+            fold_token_type_into_positions=cfg.student.fold_token_type_into_positions,
+        )
+    else:
+        student = random_student(student_config, seed=cfg.seed)
+    metrics = {
+        "init": init,
+        "teacher": teacher_source,
+        "n_teacher_layers": teacher.config.num_hidden_layers,
+        "n_student_layers": n_layers,
+        "teacher_layers_for_student_layers": teacher_layers if init == "teacher" else None,
+        "n_parameters": student.num_parameters(),
+        "n_teacher_parameters": teacher.num_parameters(),
+    }
+    with atomic_output_dir(out_dir) as tmp:
+        student.save_pretrained(tmp, safe_serialization=True)
+        AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(tmp)
+        atomic_write_json(tmp / "metrics.json", metrics)
+    logger.info("init_student: %s", json.dumps(metrics))
+    return metrics
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline init-student", description=__doc__)
+    parser.add_argument("--config-json", required=True)
+    parser.add_argument("--teacher", required=True, help="teacher_pretrain output directory or a hub BERT name")
+    parser.add_argument("--tokenizer-dir", required=True, type=Path)
+    parser.add_argument("--out-dir", required=True, type=Path)
+    parser.add_argument("--init", choices=["teacher", "random"], default=None, help="default: student.init")
+    args = parser.parse_args(argv)
+    setup_logging()
+    run(config_from_json(args.config_json), args.teacher, args.tokenizer_dir, args.out_dir, args.init)
+    return 0
