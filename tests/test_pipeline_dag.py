@@ -1,0 +1,86 @@
+"""Integration: the whole Snakemake DAG on configs/test.yaml, then checks of what it wrote."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PROJECT_ROOT
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def dag_outputs(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("artifacts")
+    command = [
+        sys.executable, "-m", "snakemake", "--cores", "2", "--snakefile", str(PROJECT_ROOT / "Snakefile"),
+        "--directory", str(PROJECT_ROOT), "--configfile", str(PROJECT_ROOT / "configs" / "test.yaml"),
+        "--config", f"output_root={root}",
+    ]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    return root
+
+
+def read_metrics(path: Path) -> dict:
+    return json.loads((path / "metrics.json").read_text())
+
+
+def test_every_stage_wrote_its_outputs_and_metrics(dag_outputs):
+    data = read_metrics(dag_outputs / "data")
+    assert data["n_train_examples"] > 0 and data["n_dev_examples"] > 0
+    assert read_metrics(dag_outputs / "tokenizer")["vocab_size"] > 5
+    pretrain = read_metrics(dag_outputs / "teacher_pretrain")
+    assert pretrain["steps"] == 6 and 0.0 <= pretrain["heldout_mlm_accuracy"] <= 1.0
+    teacher = read_metrics(dag_outputs / "teacher")
+    assert {"exact_match", "f1", "n_examples", "train_seconds", "tokens_per_second"} <= teacher.keys()
+    assert teacher["n_examples"] == data["n_dev_examples"] and 0.0 <= teacher["f1"] <= 100.0
+    assert (dag_outputs / "teacher" / "model.safetensors").is_file()
+    for variant in ("main", "random_init_ablation"):
+        distilled = read_metrics(dag_outputs / "distill_pretrain" / variant)
+        assert {"student_mlm_accuracy", "teacher_mlm_accuracy", "peak_memory_mb", "tokens_per_second"} <= distilled.keys()
+    for stage in ("distill_squad", "student_finetune"):
+        assert {"exact_match", "f1", "train_seconds", "tokens_per_second"} <= read_metrics(dag_outputs / stage).keys()
+    for rule in ("prepare_data", "tokenizer", "teacher_pretrain", "teacher_finetune", "distill_squad"):
+        assert (dag_outputs / "logs" / f"{rule}.log").is_file()
+        assert (dag_outputs / "benchmarks" / f"{rule}.tsv").is_file()
+    train_log = (dag_outputs / "teacher" / "train_log.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in train_log] == [2, 4, 6]
+
+
+def test_the_official_style_evaluation_cli_scores_the_teachers_predictions(dag_outputs):
+    completed = subprocess.run(
+        [sys.executable, "-m", "pipeline", "evaluate-predictions", str(dag_outputs / "data" / "dev.json"),
+         str(dag_outputs / "teacher" / "predictions.json")],
+        capture_output=True, text=True, cwd=PROJECT_ROOT, check=True,
+    )
+    scores = json.loads(completed.stdout)
+    teacher = read_metrics(dag_outputs / "teacher")
+    assert scores["total"] == teacher["n_examples"]
+    assert scores["f1"] == pytest.approx(teacher["f1"], abs=1e-3)
+
+
+def test_a_rerun_with_nothing_changed_runs_no_job(dag_outputs):
+    command = [
+        sys.executable, "-m", "snakemake", "--cores", "2", "-n", "--snakefile", str(PROJECT_ROOT / "Snakefile"),
+        "--directory", str(PROJECT_ROOT), "--configfile", str(PROJECT_ROOT / "configs" / "test.yaml"),
+        "--config", f"output_root={dag_outputs}",
+    ]
+    completed = subprocess.run(command, capture_output=True, text=True, check=True)
+    assert "Nothing to be done" in completed.stdout + completed.stderr
+
+
+def test_a_config_typo_stops_the_run_before_any_job(tmp_path):
+    bad_config = tmp_path / "bad.yaml"
+    bad_config.write_text("teacher:\n  finetune:\n    lerning_rate: 0.1\n")
+    command = [
+        sys.executable, "-m", "snakemake", "--cores", "1", "-n", "--snakefile", str(PROJECT_ROOT / "Snakefile"),
+        "--directory", str(PROJECT_ROOT), "--configfile", str(bad_config), "--config", f"output_root={tmp_path}",
+    ]
+    completed = subprocess.run(command, capture_output=True, text=True)
+    assert completed.returncode != 0
+    assert "lerning_rate" in completed.stdout + completed.stderr
+    assert not (tmp_path / "data").exists()
