@@ -66,6 +66,8 @@ def distillation_plan(cfg: DistillSquadConfig, student_config, teacher_config) -
                     f"(student {student_width}, teacher {teacher_width})"
                 )
             plan["pkd_teacher_layers"] = pkd_teacher_layers(n_teacher, n_student, cfg.pkd.scheme)
+            if not plan["pkd_teacher_layers"]:  # PKD teaches layers below the top one, which the KD loss covers
+                raise ConfigError("distill_squad.objectives: pkd needs a student with at least 2 layers")
         if "tinybert" in cfg.objectives:
             plan["tinybert_teacher_layers"] = teacher_layers_for_student(
                 cfg.tinybert.layer_mapping, n_teacher, n_student, key="distill_squad.tinybert.layer_mapping"

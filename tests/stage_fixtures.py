@@ -1,0 +1,36 @@
+"""Tiny real artifacts for stage tests: a generated world, a trained tokenizer, a small BERT teacher."""
+
+from pathlib import Path
+
+from transformers import BertForMaskedLM, BertForQuestionAnswering
+
+from pipeline.artifacts import atomic_write_json
+from pipeline.config import PipelineConfig, load_config
+from pipeline.stages import init_student, prepare_data, token_counts, tokenizer
+from pipeline.stages.teacher import teacher_config_from_scratch
+from tests.conftest import PROJECT_ROOT
+
+
+def tiny_config(**overrides) -> PipelineConfig:
+    return load_config(PROJECT_ROOT / "configs" / "test.yaml", overrides=overrides)
+
+
+def build_tiny_artifacts(root: Path, cfg: PipelineConfig | None = None) -> dict[str, Path]:
+    """data, tokenizer, an (untrained) MLM teacher and QA teacher, token counts and an initialised student."""
+    cfg = cfg or tiny_config()
+    paths = {name: root / name for name in ("data", "tokenizer", "mlm_teacher", "qa_teacher", "counts", "student")}
+    prepare_data.run(cfg, paths["data"])
+    tokenizer.run(cfg, paths["data"], paths["tokenizer"])
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(paths["tokenizer"])
+    mlm_teacher = BertForMaskedLM(teacher_config_from_scratch(cfg, tok))
+    mlm_teacher.save_pretrained(paths["mlm_teacher"])
+    tok.save_pretrained(paths["mlm_teacher"])
+    qa_teacher = BertForQuestionAnswering.from_pretrained(paths["mlm_teacher"])
+    qa_teacher.save_pretrained(paths["qa_teacher"])
+    tok.save_pretrained(paths["qa_teacher"])
+    atomic_write_json(paths["qa_teacher"] / "metrics.json", {"exact_match": 1.0, "f1": 2.0})
+    token_counts.run(cfg, paths["data"], paths["tokenizer"], paths["counts"])
+    init_student.run(cfg, str(paths["mlm_teacher"]), paths["tokenizer"], paths["student"])
+    return paths
