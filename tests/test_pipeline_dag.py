@@ -84,3 +84,13 @@ def test_a_config_typo_stops_the_run_before_any_job(tmp_path):
     assert completed.returncode != 0
     assert "lerning_rate" in completed.stdout + completed.stderr
     assert not (tmp_path / "data").exists()
+
+
+def test_teacher_directory_loads_in_the_transformers_qa_pipeline(dag_outputs):
+    import transformers
+
+    record = json.loads((dag_outputs / "data" / "dev.jsonl").read_text().splitlines()[0])
+    qa_pipeline = transformers.pipeline("question-answering", model=str(dag_outputs / "teacher"), device="cpu")
+    answer = qa_pipeline(question=record["question"], context=record["context"])
+    assert answer["answer"] and answer["answer"] in record["context"]
+    assert record["context"][answer["start"] : answer["end"]] == answer["answer"]
