@@ -2,13 +2,21 @@
 
 from pathlib import Path
 
-from transformers import BertForMaskedLM, BertForQuestionAnswering
+from transformers import BertConfig, BertForMaskedLM, BertForQuestionAnswering
 
 from pipeline.artifacts import atomic_write_json
 from pipeline.config import PipelineConfig, load_config
 from pipeline.stages import init_student, prepare_data, token_counts, tokenizer
 from pipeline.stages.teacher import teacher_config_from_scratch
 from tests.conftest import PROJECT_ROOT
+
+
+def tiny_bert_config(**overrides) -> BertConfig:
+    """A BERT small enough for millisecond unit tests."""
+    fields = dict(vocab_size=50, hidden_size=16, num_hidden_layers=4, num_attention_heads=2, intermediate_size=32,
+                  max_position_embeddings=64)
+    fields.update(overrides)
+    return BertConfig(**fields)
 
 
 def tiny_config(**overrides) -> PipelineConfig:

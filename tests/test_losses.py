@@ -47,17 +47,7 @@ def hand_soft_target_kl(student_rows, teacher_rows, temperature) -> float:
     return sum(per_row) / len(per_row) * temperature**2
 
 
-def tiny_bert_config(**overrides) -> BertConfig:
-    fields = dict(
-        vocab_size=50,
-        hidden_size=16,
-        num_hidden_layers=4,
-        num_attention_heads=2,
-        intermediate_size=32,
-        max_position_embeddings=64,
-    )
-    fields.update(overrides)
-    return BertConfig(**fields)
+from tests.stage_fixtures import tiny_bert_config  # noqa: E402  (shared tiny BERT shape)
 
 
 # ---------------------------------------------------------------- prediction-layer losses

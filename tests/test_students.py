@@ -15,17 +15,7 @@ from pipeline.students import (
 )
 
 
-def tiny_teacher_config(**overrides) -> BertConfig:
-    fields = dict(
-        vocab_size=50,
-        hidden_size=16,
-        num_hidden_layers=4,
-        num_attention_heads=2,
-        intermediate_size=32,
-        max_position_embeddings=64,
-    )
-    fields.update(overrides)
-    return BertConfig(**fields)
+from tests.stage_fixtures import tiny_bert_config as tiny_teacher_config  # noqa: E402
 
 
 @pytest.fixture
