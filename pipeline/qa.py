@@ -36,7 +36,9 @@ def train_window_tensors(examples: datasets.Dataset, tokenizer: Any, cfg: SquadC
 
 def window_collate(windows: dict[str, torch.Tensor]):
     """Collate window indices into a batch trimmed to its longest window (windows are right-padded)."""
-    sequence_names = [n for n in MODEL_INPUT_NAMES if n in windows]
+    # Every per-position tensor is trimmed: model inputs and cached teacher logits alike.
+    full_length = windows["input_ids"].shape[1]
+    sequence_names = [n for n, t in windows.items() if t.dim() == 2 and t.shape[1] == full_length]
 
     def collate(indices: list[int]) -> dict[str, torch.Tensor]:
         batch = {name: tensor[indices] for name, tensor in windows.items()}
