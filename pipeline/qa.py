@@ -23,14 +23,7 @@ MODEL_INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 
 def train_window_tensors(examples: datasets.Dataset, tokenizer: Any, cfg: SquadConfig) -> dict[str, torch.Tensor]:
     """All training windows of `examples` as tensors (input ids, masks, start/end labels)."""
-    features = examples.map(
-        squad.prepare_train_features,
-        batched=True,
-        remove_columns=examples.column_names,
-        fn_kwargs={"tokenizer": tokenizer, "max_seq_length": cfg.max_seq_length, "doc_stride": cfg.doc_stride},
-        desc="windowing training examples",
-        load_from_cache_file=False,
-    )
+    features = _windows(examples, squad.prepare_train_features, tokenizer, cfg, "windowing training examples")
     return {name: torch.tensor(features[name]) for name in features.column_names}
 
 
@@ -51,12 +44,17 @@ def window_collate(windows: dict[str, torch.Tensor]):
 
 
 def validation_windows(examples: datasets.Dataset, tokenizer: Any, cfg: SquadConfig) -> datasets.Dataset:
+    return _windows(examples, squad.prepare_validation_features, tokenizer, cfg, "windowing dev examples")
+
+
+def _windows(examples: datasets.Dataset, prepare, tokenizer: Any, cfg: SquadConfig, description: str):
+    """Map examples to windows (one example may give several, so the example columns are dropped)."""
     return examples.map(
-        squad.prepare_validation_features,
+        prepare,
         batched=True,
         remove_columns=examples.column_names,
         fn_kwargs={"tokenizer": tokenizer, "max_seq_length": cfg.max_seq_length, "doc_stride": cfg.doc_stride},
-        desc="windowing dev examples",
+        desc=description,
         load_from_cache_file=False,
     )
 
