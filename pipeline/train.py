@@ -22,7 +22,7 @@ import shutil
 import sys
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -50,7 +50,6 @@ class TrainResult:
     peak_memory_mb: float
     resumed_from_step: int
     device: str
-    history: list[dict] = field(default_factory=list)
 
     def as_metrics(self) -> dict[str, Any]:
         return {
@@ -85,6 +84,13 @@ def seed_everything(seed: int) -> None:
 def configure_cpu_threads(n_threads: int | None) -> None:
     if n_threads:
         torch.set_num_threads(n_threads)
+
+
+def prepare_run(cfg: TrainConfig, seed: int) -> torch.device:
+    """What every training stage does first: CPU threads, the device, and all seeds."""
+    configure_cpu_threads(cfg.cpu_threads)
+    seed_everything(seed)
+    return resolve_device(cfg)
 
 
 def use_bf16(cfg: TrainConfig, device: torch.device) -> bool:
@@ -188,7 +194,7 @@ def _checkpoint_dirs(checkpoint_dir: Path) -> list[Path]:
     if not checkpoint_dir.is_dir():
         return []
     found = [p for p in checkpoint_dir.iterdir() if p.is_dir() and p.name.startswith(CHECKPOINT_PREFIX)]
-    return sorted((p for p in found if p.name[len(CHECKPOINT_PREFIX) :].isdigit()), key=lambda p: int(p.name[5:]))
+    return sorted((p for p in found if p.name[len(CHECKPOINT_PREFIX) :].isdigit()), key=lambda p: int(p.name[len(CHECKPOINT_PREFIX) :]))
 
 
 def save_checkpoint(
@@ -331,7 +337,6 @@ def train(
     interval_micro_batches = 0
     interval_tokens = 0
     total_tokens = 0
-    history: list[dict] = []
     final_terms: dict[str, float] = {}
     run_start = interval_start = time.perf_counter()
 
@@ -366,7 +371,6 @@ def train(
                 "tokens_per_second": round(interval_tokens / max(elapsed, 1e-9), 1),
                 **{name: round(value, 6) for name, value in final_terms.items()},
             }
-            history.append(record)
             with log_path.open("a") as handle:
                 handle.write(json.dumps(record) + "\n")
             logger.info("%s %s", description, " ".join(f"{k}={v}" for k, v in record.items()))
@@ -391,5 +395,4 @@ def train(
         peak_memory_mb=peak_memory_mb(device),
         resumed_from_step=start_step,
         device=str(device),
-        history=history,
     )

@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from transformers import DistilBertForMaskedLM
+from transformers import BertConfig, DistilBertForMaskedLM
 
 from pipeline.config import ConfigError
 from pipeline.stages import distill_squad
@@ -84,9 +84,6 @@ def test_layer_mapping_outside_the_teacher_fails_before_training(artifacts, tmp_
 def test_width_mismatch_without_projection_fails_naming_the_key(artifacts):
     student_config = DistilBertForMaskedLM.config_class.from_pretrained(artifacts["student"])
     student_config.dim = student_config.dim * 2
-    teacher_config = DistilBertForMaskedLM.config_class  # placeholder replaced below
-    from transformers import BertConfig
-
     teacher_config = BertConfig.from_pretrained(artifacts["qa_teacher"])
     cfg = tiny_config(distill_squad={"objectives": ["tinybert"], "tinybert": {"projection": False}}).distill_squad
     with pytest.raises(ConfigError, match=r"distill_squad\.tinybert\.projection"):

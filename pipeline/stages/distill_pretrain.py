@@ -25,7 +25,7 @@ from pipeline.losses import hidden_cosine_loss, logits_mse_loss, masked_lm_loss,
 from pipeline.masking import mask_tokens, selection_weights_from_counts
 from pipeline.mlm import collate_sequences, masked_token_accuracy, read_corpus_lines, special_token_ids, tokenize_corpus
 from pipeline.stages.token_counts import load_token_counts
-from pipeline.train import configure_cpu_threads, maybe_compile, resolve_device, seed_everything, train
+from pipeline.train import maybe_compile, prepare_run, train
 
 logger = logging.getLogger(__name__)
 
@@ -88,9 +88,7 @@ def run(
     work_dir: Path,
 ) -> dict:
     dcfg = cfg.distill_pretrain
-    configure_cpu_threads(dcfg.train.cpu_threads)
-    device = resolve_device(dcfg.train)
-    seed_everything(cfg.seed)
+    device = prepare_run(dcfg.train, cfg.seed)
     tokenizer = AutoTokenizer.from_pretrained(student_dir)
     student = DistilBertForMaskedLM.from_pretrained(student_dir).to(device)
     teacher = freeze(BertForMaskedLM.from_pretrained(teacher_source)).to(device)

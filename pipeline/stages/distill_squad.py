@@ -42,7 +42,7 @@ from pipeline.losses import (
 )
 from pipeline.stages.distill_pretrain import freeze
 from pipeline.students import LayerMappingError, teacher_layers_for_student
-from pipeline.train import configure_cpu_threads, resolve_device, seed_everything, train
+from pipeline.train import prepare_run, train
 
 logger = logging.getLogger(__name__)
 
@@ -203,9 +203,7 @@ def run(
 ) -> dict:
     """Train the student on SQuAD; with teacher_dir None, plain CE (the student_finetune baseline)."""
     dcfg = cfg.distill_squad
-    configure_cpu_threads(dcfg.train.cpu_threads)
-    device = resolve_device(dcfg.train)
-    seed_everything(cfg.seed)
+    device = prepare_run(dcfg.train, cfg.seed)
     tokenizer = AutoTokenizer.from_pretrained(student_dir)
     student = DistilBertForQuestionAnswering.from_pretrained(student_dir).to(device)
     teacher = None

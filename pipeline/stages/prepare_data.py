@@ -18,14 +18,15 @@ import datasets
 from pipeline import synthetic
 from pipeline.artifacts import atomic_output_dir, atomic_write_json, setup_logging
 from pipeline.config import ConfigError, PipelineConfig, config_from_json
-from pipeline.data import load_squad
+from pipeline.data import load_squad, looks_like_a_path
 from pipeline.mlm import read_corpus_lines
 
 logger = logging.getLogger(__name__)
 
 
 def _is_local_file(source: str) -> bool:
-    return source.endswith((".json", ".jsonl")) or "/" in source or Path(source).exists()
+    """A local file, not a hub name: hub names may hold one "/" ("wikimedia/wikipedia"), see looks_like_a_path."""
+    return looks_like_a_path(source) or source.endswith(".txt") or Path(source).exists()
 
 
 def squad_sources(cfg: PipelineConfig, synthetic_dir: Path) -> tuple[str, str]:

@@ -25,7 +25,7 @@ from pipeline.data import load_squad
 from pipeline.losses import masked_lm_loss
 from pipeline.masking import mask_tokens
 from pipeline.mlm import collate_sequences, masked_token_accuracy, read_corpus_lines, special_token_ids, tokenize_corpus
-from pipeline.train import configure_cpu_threads, resolve_device, seed_everything, train
+from pipeline.train import prepare_run, train
 
 logger = logging.getLogger(__name__)
 
@@ -48,9 +48,7 @@ def teacher_config_from_scratch(cfg: PipelineConfig, tokenizer) -> BertConfig:
 def run_pretrain(cfg: PipelineConfig, data_dir: Path, tokenizer_dir: Path, out_dir: Path, work_dir: Path) -> dict:
     """MLM pretraining from scratch. `work_dir` holds checkpoints and the live training log."""
     train_cfg = cfg.teacher.pretrain
-    configure_cpu_threads(train_cfg.cpu_threads)
-    device = resolve_device(train_cfg)
-    seed_everything(cfg.seed)
+    device = prepare_run(train_cfg, cfg.seed)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     model = BertForMaskedLM(teacher_config_from_scratch(cfg, tokenizer)).to(device)
 
@@ -104,9 +102,7 @@ def run_finetune(
 ) -> dict:
     """Fine-tune BertForQuestionAnswering on SQuAD (or only evaluate `teacher.pretrained_qa`)."""
     train_cfg = cfg.teacher.finetune
-    configure_cpu_threads(train_cfg.cpu_threads)
-    device = resolve_device(train_cfg)
-    seed_everything(cfg.seed)
+    device = prepare_run(train_cfg, cfg.seed)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     dev, _ = load_squad(str(data_dir / "dev.jsonl"))
 
