@@ -2,7 +2,6 @@
 
 import json
 import re
-import time
 from random import Random
 
 import pytest
@@ -166,12 +165,6 @@ def test_write_world_writes_three_files_that_round_trip_and_no_temp_files(tmp_pa
     assert json.loads((out_dir / "dev.json").read_text()) == world["dev"]
     assert (out_dir / "corpus.txt").read_text().splitlines() == world["corpus"]
     assert stats == world["stats"]
-
-
-def test_a_small_world_takes_well_under_a_second():
-    started = time.perf_counter()
-    generate_world(SyntheticWorldSpec(n_train_contexts=20, n_dev_contexts=10, n_corpus_paragraphs=50))
-    assert time.perf_counter() - started < 0.5
 
 
 @pytest.mark.parametrize(
