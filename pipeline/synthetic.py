@@ -30,13 +30,13 @@ Everything is deterministic from `SyntheticWorldSpec.seed`, pure stdlib, and use
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from random import Random
+
+from pipeline.artifacts import atomic_write_text
 
 # ---------------------------------------------------------------------------------------------
 # Spec
@@ -713,29 +713,14 @@ def generate_world(spec: SyntheticWorldSpec) -> dict:
     }
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    """Write to a temporary file next to `path`, then rename: a killed run never leaves a complete-looking file."""
-    handle = tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent,
-                                         prefix=f".{path.name}.", suffix=".tmp", delete=False)
-    try:
-        with handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(handle.name, path)
-    except BaseException:
-        Path(handle.name).unlink(missing_ok=True)
-        raise
-
-
 def write_world(spec: SyntheticWorldSpec, out_dir: Path) -> dict:
     """Write out_dir/train.json, out_dir/dev.json (SQuAD v1.1 layout) and out_dir/corpus.txt
     (one paragraph per line); return the world's stats."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     world = generate_world(spec)
-    _write_atomically(out_dir / "train.json", json.dumps(world["train"], ensure_ascii=False))
-    _write_atomically(out_dir / "dev.json", json.dumps(world["dev"], ensure_ascii=False))
-    _write_atomically(out_dir / "corpus.txt", "".join(line + "\n" for line in world["corpus"]))
+    atomic_write_text(out_dir / "train.json", json.dumps(world["train"], ensure_ascii=False))
+    atomic_write_text(out_dir / "dev.json", json.dumps(world["dev"], ensure_ascii=False))
+    atomic_write_text(out_dir / "corpus.txt", "".join(line + "\n" for line in world["corpus"]))
     return world["stats"]
 
