@@ -25,16 +25,36 @@ logger = logging.getLogger(__name__)
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # BERT's special tokens, ids 0..4
 
 
+def continuing_subword_alphabet(texts: list[str], tokenizer: Tokenizer) -> list[str]:
+    """Every "##c" the WordPiece trainer will create: each character seen after a word's first one."""
+    characters: set[str] = set()
+    for text in texts:
+        for word, _ in tokenizer.pre_tokenizer.pre_tokenize_str(tokenizer.normalizer.normalize_str(text)):
+            characters.update(word[1:])
+    return ["##" + character for character in sorted(characters)]
+
+
 def train_wordpiece_tokenizer(texts: Iterable[str], cfg: TokenizerConfig, model_max_length: int) -> PreTrainedTokenizerFast:
+    texts = list(texts)
     tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tokenizer.normalizer = normalizers.BertNormalizer(
         clean_text=True, handle_chinese_chars=True, strip_accents=cfg.lowercase, lowercase=cfg.lowercase
     )
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    # Reproducibility workaround for huggingface/tokenizers#1794: the trainer gives "##c" tokens ids in
+    # hash-map order, and merge ties are broken by id, so two runs on the same text learn different
+    # vocabularies. Registering them up front (as if special) fixes their ids, and with them every merge.
     trainer = trainers.WordPieceTrainer(
-        vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency, special_tokens=SPECIAL_TOKENS
+        vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency,
+        special_tokens=SPECIAL_TOKENS + continuing_subword_alphabet(texts, tokenizer),
     )
     tokenizer.train_from_iterator(texts, trainer=trainer)
+    # Rebuild from the learned vocabulary so that only BERT's five tokens are special (the "##c" are not).
+    trained = tokenizer
+    tokenizer = Tokenizer(models.WordPiece(vocab=trained.get_vocab(), unk_token="[UNK]"))
+    tokenizer.normalizer = trained.normalizer
+    tokenizer.pre_tokenizer = trained.pre_tokenizer
+    tokenizer.add_special_tokens(SPECIAL_TOKENS)
     cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
     tokenizer.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]",
