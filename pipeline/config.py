@@ -178,6 +178,12 @@ class SquadConfig:
     n_best_size: int = option(20, "Start and end candidates considered per window.", minimum=1)
     max_answer_length: int = option(30, "Longest answer in tokens.", minimum=1)
     eval_batch_size: int = option(64, "Windows per forward pass at evaluation.", minimum=1)
+    freeze_word_embeddings: bool = option(
+        False,
+        "Keep the word embeddings of the pretrained (or distilled) model fixed in every QA stage (teacher_finetune, "
+        "student_finetune, distill_squad): words that QA training never shows, such as held-out names, then stay "
+        "in the same space as the words it does show.",
+    )
 
     def __post_init__(self) -> None:
         if self.doc_stride >= self.max_seq_length:

@@ -27,6 +27,15 @@ def train_window_tensors(examples: datasets.Dataset, tokenizer: Any, cfg: SquadC
     return {name: torch.tensor(features[name]) for name in features.column_names}
 
 
+def prepare_for_qa_training(model: torch.nn.Module, cfg: SquadConfig) -> torch.nn.Module:
+    """Applies the QA-stage options to a model about to be trained (see SquadConfig.freeze_word_embeddings)."""
+    if cfg.freeze_word_embeddings:
+        # QA updates the embeddings of words it sees; words it never sees would keep their pretrained
+        # vectors and drift out of step with the rest, which costs most on held-out entity names.
+        model.get_input_embeddings().weight.requires_grad_(False)
+    return model
+
+
 def window_collate(windows: dict[str, torch.Tensor]):
     """Collate window indices into a batch trimmed to its longest window (windows are right-padded)."""
     # Every per-position tensor is trimmed: model inputs and cached teacher logits alike.

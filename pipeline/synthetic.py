@@ -111,6 +111,8 @@ SENTENCE_TEMPLATES: dict[str, tuple[str, ...]] = {
         "On {birth_date}, {name} was born in the city of {birthplace}.",
         "{birthplace} is where {name} was born, on {birth_date}.",
         "The birthplace of {name} was {birthplace}, where {name} was born on {birth_date}.",
+        "{name} was born in {birthplace}, and the date of birth of {name} was {birth_date}.",
+        "The date of birth of {name} was {birth_date}, and the place of birth was {birthplace}.",
     ),
     # Used instead of separate "birth" and "career" sentences in some paragraphs.
     "birth_and_career": (
@@ -123,6 +125,7 @@ SENTENCE_TEMPLATES: dict[str, tuple[str, ...]] = {
         "By trade, {name} was a {occupation}.",
         "{name} earned a living as a {occupation}.",
         "{name} was a {occupation} by profession.",
+        "By occupation, {name} was a {occupation}.",
     ),
     # The teacher's occupation is a same-kind distractor for "What did {p} work as?".
     "training": (
@@ -162,6 +165,7 @@ SENTENCE_TEMPLATES: dict[str, tuple[str, ...]] = {
         "{name} married {spouse} of {spouse_hometown} in {marriage_year}.",
         "{spouse}, who came from {spouse_hometown}, married {name} in {marriage_year}.",
         "{name} and {spouse} were married in {marriage_year} in {spouse_hometown}.",
+        "The spouse of {name} was {spouse} of {spouse_hometown}, whom {name} married in {marriage_year}.",
     ),
     "children": (
         "{name} had {children} children.",
@@ -173,6 +177,8 @@ SENTENCE_TEMPLATES: dict[str, tuple[str, ...]] = {
         "{name} died on {death_date} in {death_place}.",
         "On {death_date}, {name} died in {death_place}.",
         "{name} later moved to {death_place} and died there on {death_date}.",
+        "The death of {name} came on {death_date} in {death_place}.",
+        "The place of death of {name} was {death_place}, and the death date was {death_date}.",
     ),
 }
 

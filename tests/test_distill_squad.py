@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 from transformers import BertConfig, DistilBertForMaskedLM
 
 from pipeline.config import ConfigError
@@ -92,3 +93,16 @@ def test_width_mismatch_without_projection_fails_naming_the_key(artifacts):
     student_config.n_heads = teacher_config.num_attention_heads
     plan = distill_squad.distillation_plan(cfg_with_projection, student_config, teacher_config)
     assert plan["needs_projection"] is True
+
+
+@pytest.mark.parametrize("freeze", [True, False])
+def test_freeze_word_embeddings_keeps_only_the_word_embeddings_fixed(artifacts, tmp_path, freeze):
+    from safetensors.torch import load_file
+
+    cfg = tiny_config(squad={"freeze_word_embeddings": freeze})
+    distill_squad.run(cfg, artifacts["student"], None, artifacts["data"], tmp_path / "out", tmp_path / "work")
+    before, after = load_file(artifacts["student"] / "model.safetensors"), load_file(tmp_path / "out" / "model.safetensors")
+    words = "distilbert.embeddings.word_embeddings.weight"
+    assert torch.equal(before[words], after[words]) == freeze
+    positions = "distilbert.embeddings.position_embeddings.weight"
+    assert not torch.equal(before[positions], after[positions])

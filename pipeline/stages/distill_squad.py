@@ -205,7 +205,7 @@ def run(
     dcfg = cfg.distill_squad
     device = prepare_run(dcfg.train, cfg.seed)
     tokenizer = AutoTokenizer.from_pretrained(student_dir)
-    student = DistilBertForQuestionAnswering.from_pretrained(student_dir).to(device)
+    student = qa.prepare_for_qa_training(DistilBertForQuestionAnswering.from_pretrained(student_dir).to(device), cfg.squad)
     teacher = None
     plan: dict = {}
     projection = None
