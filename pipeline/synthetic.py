@@ -18,7 +18,9 @@ Dev is kept honest in two ways:
   * held-out entities: dev people, spouses, teachers, cities and companies come from a name pool disjoint
     from the train pool (checked explicitly), so no dev fact can be memorised from train;
   * held-out paraphrases: each fact type has question paraphrases that only dev uses; they reuse the
-    content words of the train paraphrases ("born", "city", "founded", ...) in new combinations.
+    content words of the train paraphrases ("born", "city", "founded", ...) in new combinations, and every
+    noun they ask with ("date of birth", "place of death", "occupation", "spouse") also occurs in some
+    context template, so the MLM corpus teaches what it means.
 The MLM corpus describes people drawn from every pool, dev's included, in freshly drawn biographies: as with
 BERT, whose pretraining text contains the names in SQuAD's dev articles, the names are known words but no
 dev fact is ever stated (no dev person's full name occurs in the corpus; checked explicitly).
