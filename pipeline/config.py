@@ -119,6 +119,11 @@ class TrainConfig:
     device: Literal["auto", "cpu", "cuda"] = option("auto", "auto: CUDA when available, else CPU.")
     bf16: bool = option(True, "bf16 autocast on CUDA (ignored on CPU).")
     torch_compile: bool = option(False, "torch.compile the trained model (CUDA runs).")
+    group_by_length: bool = option(
+        True,
+        "Batch examples of similar length together (transformers' length-grouped sampling: shuffled mega-batches "
+        "of 50 batches, each sorted by length), so less compute goes to padding.",
+    )
     cpu_threads: int | None = option(None, "torch intra-op threads on CPU (null: the rule's `threads`).", minimum=1)
 
 

@@ -36,6 +36,11 @@ def prepare_for_qa_training(model: torch.nn.Module, cfg: SquadConfig) -> torch.n
     return model
 
 
+def window_lengths(windows: dict[str, torch.Tensor]) -> list[int]:
+    """Real (unpadded) tokens of each window, for length-grouped batching."""
+    return windows["attention_mask"].sum(dim=1).tolist()
+
+
 def window_collate(windows: dict[str, torch.Tensor]):
     """Collate window indices into a batch trimmed to its longest window (windows are right-padded)."""
     # Every per-position tensor is trimmed: model inputs and cached teacher logits alike.

@@ -30,6 +30,7 @@ import torch
 from safetensors.torch import load_model, save_model
 from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
+from transformers.trainer_pt_utils import get_length_grouped_indices
 
 from pipeline.config import TrainConfig
 
@@ -117,11 +118,18 @@ def maybe_compile(module: torch.nn.Module, cfg: TrainConfig, device: torch.devic
 
 
 def epoch_batches(
-    n_examples: int, batch_size: int, seed: int, epoch: int, shuffle: bool = True
+    n_examples: int, batch_size: int, seed: int, epoch: int, shuffle: bool = True,
+    lengths: Sequence[int] | None = None,
 ) -> list[list[int]]:
-    """Example indices of each batch of one epoch; the order depends only on (seed, epoch)."""
-    if shuffle:
-        generator = torch.Generator().manual_seed(seed * 100_003 + epoch)
+    """Example indices of each batch of one epoch; the order depends only on (seed, epoch).
+
+    With `lengths`, batches hold examples of similar length (see TrainConfig.group_by_length)."""
+    generator = torch.Generator().manual_seed(seed * 100_003 + epoch)
+    if lengths is not None:
+        if len(lengths) != n_examples:
+            raise ValueError(f"{len(lengths)} example lengths for {n_examples} examples")
+        order = get_length_grouped_indices(list(lengths), batch_size, generator=generator)
+    elif shuffle:
         order = torch.randperm(n_examples, generator=generator).tolist()
     else:
         order = list(range(n_examples))
@@ -135,13 +143,14 @@ def micro_batch_stream(
     seed: int,
     start_micro_batch: int,
     total_micro_batches: int,
+    lengths: Sequence[int] | None = None,
 ) -> Iterator[Batch]:
     """The run's micro-batches in order, epoch after epoch, starting after the ones already consumed."""
     batches_per_epoch = math.ceil(len(examples) / batch_size)
     position = start_micro_batch
     while position < total_micro_batches:
         epoch, offset = divmod(position, batches_per_epoch)
-        for indices in epoch_batches(len(examples), batch_size, seed, epoch)[offset:]:
+        for indices in epoch_batches(len(examples), batch_size, seed, epoch, lengths=lengths)[offset:]:
             if position >= total_micro_batches:
                 return
             yield collate([examples[i] for i in indices])
@@ -301,6 +310,7 @@ def train(
     log_path: Path,
     fingerprint: str,
     description: str = "train",
+    example_lengths: Sequence[int] | None = None,
 ) -> TrainResult:
     """Train `module` (every parameter that requires grad) by minimising compute_loss(batch)["loss"].
 
@@ -309,6 +319,8 @@ def train(
     """
     if len(examples) == 0:
         raise ValueError(f"{description}: no training examples")
+    if cfg.group_by_length and example_lengths is None:
+        raise ValueError(f"{description}: group_by_length is set but the stage passed no example_lengths")
     total_steps, total_micro_batches = count_optimizer_steps(cfg, len(examples))
     optimizer = build_optimizer(module, cfg, device)
     scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * total_steps), total_steps)
@@ -328,7 +340,8 @@ def train(
 
     module.train()
     stream = micro_batch_stream(
-        examples, collate, cfg.batch_size, seed, start_step * cfg.grad_accum_steps, total_micro_batches
+        examples, collate, cfg.batch_size, seed, start_step * cfg.grad_accum_steps, total_micro_batches,
+        lengths=example_lengths if cfg.group_by_length else None,
     )
     progress = tqdm(
         total=total_steps, initial=start_step, desc=description, file=sys.stderr, mininterval=2.0, dynamic_ncols=True

@@ -9,6 +9,7 @@ from pipeline.config import TrainConfig
 from pipeline.train import count_optimizer_steps, epoch_batches, train
 
 N_EXAMPLES = 40
+LENGTHS = [(index * 7) % 13 + 1 for index in range(N_EXAMPLES)]  # stand-in token counts
 
 
 class TinyRegressor(torch.nn.Module):
@@ -48,13 +49,14 @@ def run_training(tmp_path, cfg, crash_at_micro_batch=None, fingerprint="run-a", 
     result = train(
         module=model, compute_loss=compute_loss, examples=list(range(N_EXAMPLES)), collate=collate, cfg=cfg,
         seed=seed, device=torch.device("cpu"), checkpoint_dir=tmp_path / "checkpoints",
-        log_path=tmp_path / "log.jsonl", fingerprint=fingerprint,
+        log_path=tmp_path / "log.jsonl", fingerprint=fingerprint, example_lengths=LENGTHS,
     )
     return model, result
 
 
 def small_cfg(**overrides):
-    values = dict(max_steps=10, batch_size=8, learning_rate=0.05, warmup_ratio=0.2, log_every=2, checkpoint_every=3)
+    values = dict(max_steps=10, batch_size=8, learning_rate=0.05, warmup_ratio=0.2, log_every=2, checkpoint_every=3,
+                  group_by_length=False)
     values.update(overrides)
     return TrainConfig(**values)
 
@@ -70,15 +72,16 @@ def test_logs_every_n_steps_with_terms_lr_and_throughput(tmp_path):
     assert not (tmp_path / "checkpoints").exists()  # a finished run cleans its checkpoints up
 
 
-def test_crash_then_rerun_resumes_and_matches_an_uninterrupted_run(tmp_path):
-    reference, _ = run_training(tmp_path / "clean", small_cfg())
+@pytest.mark.parametrize("group_by_length", [False, True])
+def test_crash_then_rerun_resumes_and_matches_an_uninterrupted_run(tmp_path, group_by_length):
+    reference, _ = run_training(tmp_path / "clean", small_cfg(group_by_length=group_by_length))
 
     with pytest.raises(RuntimeError, match="simulated crash"):
-        run_training(tmp_path / "crashed", small_cfg(), crash_at_micro_batch=8)
+        run_training(tmp_path / "crashed", small_cfg(group_by_length=group_by_length), crash_at_micro_batch=8)
     checkpoints = sorted(p.name for p in (tmp_path / "crashed" / "checkpoints").iterdir())
     assert checkpoints == ["step-00000006"]  # keep_checkpoints=1: only the newest, no temporary folders
 
-    resumed, result = run_training(tmp_path / "crashed", small_cfg())
+    resumed, result = run_training(tmp_path / "crashed", small_cfg(group_by_length=group_by_length))
     assert result.resumed_from_step == 6 and result.steps == 10
     for name, tensor in reference.state_dict().items():
         assert torch.equal(tensor, resumed.state_dict()[name]), name
@@ -111,3 +114,26 @@ def test_step_count_from_epochs_and_accumulation():
     assert count_optimizer_steps(TrainConfig(epochs=2, batch_size=8, grad_accum_steps=1), 40) == (10, 10)
     assert count_optimizer_steps(TrainConfig(epochs=1, batch_size=8, grad_accum_steps=2), 40) == (3, 6)
     assert count_optimizer_steps(TrainConfig(max_steps=7, batch_size=8, grad_accum_steps=4), 40) == (7, 28)
+
+
+def test_length_grouped_batches_cover_every_example_once_with_similar_lengths():
+    generator = torch.Generator().manual_seed(3)
+    lengths = torch.randint(10, 200, (2000,), generator=generator).tolist()
+    grouped = epoch_batches(len(lengths), 16, seed=7, epoch=0, lengths=lengths)
+    shuffled = epoch_batches(len(lengths), 16, seed=7, epoch=0)
+    assert sorted(i for batch in grouped for i in batch) == list(range(len(lengths)))
+
+    def padded_tokens(batches):  # what a batch padded to its longest example costs
+        return sum(len(batch) * max(lengths[i] for i in batch) for batch in batches)
+
+    assert padded_tokens(grouped) < 0.7 * padded_tokens(shuffled)
+    assert grouped == epoch_batches(len(lengths), 16, seed=7, epoch=0, lengths=lengths)  # depends on (seed, epoch) only
+    assert grouped != epoch_batches(len(lengths), 16, seed=7, epoch=1, lengths=lengths)
+
+
+def test_group_by_length_needs_the_stage_to_pass_lengths(tmp_path):
+    model = TinyRegressor()
+    with pytest.raises(ValueError, match="example_lengths"):
+        train(module=model, compute_loss=lambda batch: {}, examples=[0, 1], collate=lambda indices: {}, cfg=TrainConfig(),
+              seed=0, device=torch.device("cpu"), checkpoint_dir=tmp_path / "c", log_path=tmp_path / "l.jsonl",
+              fingerprint="x")

@@ -124,6 +124,7 @@ def run(
         module=student, compute_loss=compute_loss, examples=sequences, collate=collate, cfg=dcfg.train,
         seed=cfg.seed, device=device, checkpoint_dir=work_dir / "checkpoints", log_path=work_dir / "train_log.jsonl",
         fingerprint=run_id, description="distill_pretrain",
+        example_lengths=[len(sequence) for sequence in sequences],
     )
     accuracy = masked_token_accuracy(
         {"student": student, "teacher": teacher}, heldout, tokenizer, dcfg.mlm_mask_prop, seed=cfg.seed, device=device

@@ -233,7 +233,7 @@ def run(
         module=trainable, compute_loss=loss, examples=list(range(len(windows["input_ids"]))),
         collate=qa.window_collate(windows), cfg=dcfg.train, seed=cfg.seed, device=device,
         checkpoint_dir=work_dir / "checkpoints", log_path=work_dir / "train_log.jsonl", fingerprint=run_id,
-        description="distill_squad" if teacher else "student_finetune",
+        description="distill_squad" if teacher else "student_finetune", example_lengths=qa.window_lengths(windows),
     )
     dev_metrics, predictions = qa.evaluate_qa(student, tokenizer, dev, cfg.squad, device)
     metrics = {

@@ -77,6 +77,7 @@ def run_pretrain(cfg: PipelineConfig, data_dir: Path, tokenizer_dir: Path, out_d
         module=model, compute_loss=compute_loss, examples=sequences, collate=collate, cfg=train_cfg,
         seed=cfg.seed, device=device, checkpoint_dir=work_dir / "checkpoints", log_path=work_dir / "train_log.jsonl",
         fingerprint=run_id, description="teacher_pretrain",
+        example_lengths=[len(sequence) for sequence in sequences],
     )
     accuracy = masked_token_accuracy(
         {"teacher": model}, heldout, tokenizer, cfg.teacher.mlm_probability, seed=cfg.seed, device=device
@@ -132,6 +133,7 @@ def run_finetune(
             module=model, compute_loss=compute_loss, examples=list(range(len(windows["input_ids"]))), collate=collate,
             cfg=train_cfg, seed=cfg.seed, device=device, checkpoint_dir=work_dir / "checkpoints",
             log_path=work_dir / "train_log.jsonl", fingerprint=run_id, description="teacher_finetune",
+            example_lengths=qa.window_lengths(windows),
         )
         training_metrics = {**result.as_metrics(), "n_train_examples": len(train_examples),
                             "n_train_windows": len(windows["input_ids"]), "fine_tuned_here": True}
