@@ -23,7 +23,9 @@ Dev is kept honest in two ways:
     context template, so the MLM corpus teaches what it means.
 The MLM corpus describes people drawn from every pool, dev's included, in freshly drawn biographies: as with
 BERT, whose pretraining text contains the names in SQuAD's dev articles, the names are known words but no
-dev fact is ever stated (no dev person's full name occurs in the corpus; checked explicitly).
+dev fact is ever stated (no dev person's full name occurs in the corpus; checked explicitly). Most corpus
+biographies end with a question about themselves in any wording, held-out paraphrases included (without the
+answer), as web text contains questions in every wording; QA training itself never sees a held-out wording.
 
 Everything is deterministic from `SyntheticWorldSpec.seed`, pure stdlib, and uses its own
 `random.Random` streams (one per purpose, seeded by a string so it does not depend on PYTHONHASHSEED).
@@ -669,6 +671,21 @@ def _check_dev_names_unseen_in_train(train: _SplitBuild, dev: _SplitBuild) -> No
         raise AssertionError(f"dev names appear in train contexts: {sorted(leaked)[:5]}")
 
 
+# Share of corpus biographies followed by a question about them, worded with any paraphrase.
+CORPUS_QUESTION_PROBABILITY = 0.6
+
+
+def _corpus_line(rng: Random, paragraph: Paragraph) -> str:
+    """The biography, often followed by one question about it (no answer) in any of its fact type's
+    wordings, held-out ones included: text on the web asks questions in every wording, so pretraining
+    learns that "what city" and "which city" are used alike, while QA training never shows a held-out one."""
+    askable = askable_spans(paragraph)
+    if not askable or rng.random() >= CORPUS_QUESTION_PROBABILITY:
+        return paragraph.context
+    question = _ask(rng, paragraph.person, rng.choice(askable), "corpus", use_held_out=True).question
+    return f"{paragraph.context} {question}"
+
+
 def _build_corpus(spec: SyntheticWorldSpec, pools: EntityPools, dev_people: set[str]) -> list[str]:
     """Fresh biographies; one that happens to name a dev person (first name + surname) is redrawn."""
     rng = Random(f"{spec.seed}:corpus")
@@ -676,7 +693,7 @@ def _build_corpus(spec: SyntheticWorldSpec, pools: EntityPools, dev_people: set[
     while len(lines) < spec.n_corpus_paragraphs:
         paragraph = build_paragraph(rng, pools)
         if not _full_names_in([paragraph]) & dev_people:
-            lines.append(paragraph.context)
+            lines.append(_corpus_line(rng, paragraph))
     return lines
 
 

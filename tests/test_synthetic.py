@@ -188,3 +188,13 @@ def test_write_world_writes_three_files_that_round_trip_and_no_temp_files(tmp_pa
 def test_invalid_specs_fail_naming_the_field(bad_field):
     with pytest.raises(ValueError, match=next(iter(bad_field))):
         SyntheticWorldSpec(**bad_field)
+
+
+def test_corpus_asks_questions_in_held_out_wordings_too(world):
+    question_lines = [line for line in world["corpus"] if line.endswith("?")]
+    assert 0.3 * len(world["corpus"]) < len(question_lines) < 0.9 * len(world["corpus"])
+    held_out_patterns = [
+        re.escape(template).replace(r"\{p\}", ".+").replace(r"\{org\}", ".+").replace(r"\{spouse\}", ".+") + "$"
+        for paraphrases in QUESTION_PARAPHRASES.values() for template in paraphrases.held_out
+    ]
+    assert any(re.search(pattern, line) for pattern in held_out_patterns for line in question_lines)

@@ -26,12 +26,10 @@ SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # BERT's specia
 
 
 def continuing_subword_alphabet(texts: list[str], tokenizer: Tokenizer) -> list[str]:
-    """Every "##c" the WordPiece trainer will create: each character seen after a word's first one."""
-    characters: set[str] = set()
-    for text in texts:
-        for word, _ in tokenizer.pre_tokenizer.pre_tokenize_str(tokenizer.normalizer.normalize_str(text)):
-            characters.update(word[1:])
-    return ["##" + character for character in sorted(characters)]
+    """A "##c" for every character of the normalised text: a superset of the ones the WordPiece trainer
+    creates (characters seen after a word's first one); an unused extra costs one vocabulary slot."""
+    characters = set(tokenizer.normalizer.normalize_str("\n".join(texts)))
+    return ["##" + character for character in sorted(characters) if not character.isspace()]
 
 
 def train_wordpiece_tokenizer(texts: Iterable[str], cfg: TokenizerConfig, model_max_length: int) -> PreTrainedTokenizerFast:
