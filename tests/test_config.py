@@ -5,7 +5,7 @@ import yaml
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from pipeline.config import ConfigError, PipelineConfig, from_dict, load_config, pipeline_schema_yaml, to_dict
+from pipeline.config import ConfigError, PipelineConfig, from_dict, load_config, pipeline_schema_yaml, to_dict, deep_merge
 from tests.conftest import PROJECT_ROOT
 
 CONFIGS = PROJECT_ROOT / "configs"
@@ -59,3 +59,14 @@ def test_missing_or_invalid_config_file_names_the_file(tmp_path):
     broken.write_text("teacher: [unclosed\n")
     with pytest.raises(ConfigError, match="broken.yaml: invalid YAML"):
         load_config(broken)
+
+
+def test_paper_recipe_merged_over_the_default_keeps_the_papers_budgets():
+    # Snakemake merges --configfile configs/paper.yaml over configs/default.yaml: the offline default's
+    # small-model settings must not leak into the real recipe.
+    merged = deep_merge(yaml.safe_load((CONFIGS / "default.yaml").read_text()),
+                        yaml.safe_load((CONFIGS / "paper.yaml").read_text()))
+    cfg = from_dict(PipelineConfig, merged)
+    assert cfg.teacher.pretrained == "bert-base-uncased" and not cfg.squad.freeze_word_embeddings
+    assert cfg.distill_pretrain.train.learning_rate == 5e-4 and not cfg.distill_pretrain.restrict_ce_to_mask
+    assert cfg.distill_squad.train.learning_rate == 3e-5 and cfg.teacher.finetune.learning_rate == 3e-5
