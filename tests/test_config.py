@@ -70,3 +70,4 @@ def test_paper_recipe_merged_over_the_default_keeps_the_papers_budgets():
     assert cfg.teacher.pretrained == "bert-base-uncased" and not cfg.squad.freeze_word_embeddings
     assert cfg.distill_pretrain.train.learning_rate == 5e-4 and not cfg.distill_pretrain.restrict_ce_to_mask
     assert cfg.distill_squad.train.learning_rate == 3e-5 and cfg.teacher.finetune.learning_rate == 3e-5
+    assert cfg.distill_squad.distilbert.temperature == 2.0 and cfg.distill_squad.alpha_task == 0.5
