@@ -122,7 +122,7 @@ class TrainConfig:
     group_by_length: bool = option(
         True,
         "Batch examples of similar length together (transformers' length-grouped sampling: shuffled mega-batches "
-        "of 50 batches, each sorted by length), so less compute goes to padding.",
+        "of up to 50 batches, each sorted by length), so less compute goes to padding.",
     )
     cpu_threads: int | None = option(None, "torch intra-op threads on CPU (null: the rule's `threads`).", minimum=1)
 

@@ -24,8 +24,13 @@ MODEL_INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 def train_window_tensors(examples: datasets.Dataset, tokenizer: Any, cfg: SquadConfig) -> dict[str, torch.Tensor]:
     """All training windows of `examples` as tensors (input ids, masks, start/end labels)."""
     features = _windows(examples, squad.prepare_train_features, tokenizer, cfg, "windowing training examples")
-    # Through numpy: torch.tensor on the columns' Python lists takes ~30x longer.
-    return {name: torch.from_numpy(np.asarray(column)) for name, column in features.with_format("numpy")[:].items()}
+    return _columns_as_tensors(features, features.column_names)
+
+
+def _columns_as_tensors(windows: datasets.Dataset, columns: list[str]) -> dict[str, torch.Tensor]:
+    # Through numpy: torch.tensor on the columns' Python lists takes ~30x longer (14 s on the default's train set).
+    arrays = windows.select_columns(columns).with_format("numpy")[:]
+    return {name: torch.from_numpy(np.asarray(array)) for name, array in arrays.items()}
 
 
 def prepare_for_qa_training(model: torch.nn.Module, cfg: SquadConfig) -> torch.nn.Module:
@@ -88,7 +93,7 @@ def predict_window_logits(
     was_training = model.training
     model.eval()
     columns = [c for c in MODEL_INPUT_NAMES if c in windows.column_names]
-    tensors = {c: torch.from_numpy(np.asarray(a)) for c, a in windows.select_columns(columns).with_format("numpy")[:].items()}
+    tensors = _columns_as_tensors(windows, columns)
     full_length = tensors["input_ids"].shape[1]
     starts, ends = [], []
     for begin in range(0, len(windows), batch_size):
