@@ -29,6 +29,9 @@ LIGHT_RESOURCES = {"mem_mb": CFG.compute.light_mem_mb, "gpu": 0}
 # take half the cores each: small models use two threads poorly, so on this 2-core machine two 1-thread jobs
 # finish in about 60 % of the time of one 2-thread job after the other.
 PAIRED_THREADS = max(1, workflow.cores // 2)
+# Models exported for devices, and the stage output each comes from: every comparison is like for like.
+EXPORTED_MODELS = {"student": "distill_squad", "student_ce_only": "student_finetune", "teacher": "teacher"}
+EXPORT_SECTIONS = ("seed", "squad", "export")
 
 
 def stage_config(*sections):
@@ -48,6 +51,9 @@ rule all:
         expand(f"{ROOT}/distill_pretrain/{{variant}}", variant=STUDENT_VARIANTS),
         f"{ROOT}/distill_squad",
         f"{ROOT}/student_finetune",
+        expand(f"{ROOT}/{{kind}}/{{model}}", kind=["onnx", "quantized", "coreml"], model=list(EXPORTED_MODELS)),
+        [f"{ROOT}/reference/distilbert"] if CFG.export.reference.distilbert else [],
+        f"{ROOT}/bundle",
 
 
 rule prepare_data:
@@ -267,3 +273,125 @@ rule student_finetune:
         "OMP_NUM_THREADS={threads} {params.python:q} -m pipeline distill-squad --ce-only --config-json {params.cfg:q}"
         " --student-dir {input.student:q} --data-dir {input.data:q}"
         " --out-dir {output:q} --work-dir {params.work:q} > {log:q} 2>&1"
+
+
+rule export_onnx:
+    input:
+        model=lambda wildcards: f"{ROOT}/{EXPORTED_MODELS[wildcards.model]}",
+        data=rules.prepare_data.output[0],
+        code=code("stages/export_onnx", "mobile", "qa", "squad", "gates", "data"),
+    output:
+        directory(f"{ROOT}/onnx/{{model}}"),
+    wildcard_constraints:
+        model="|".join(EXPORTED_MODELS),
+    params:
+        python=PYTHON,
+        cfg=stage_config(*EXPORT_SECTIONS),
+    log:
+        f"{ROOT}/logs/export_onnx_{{model}}.log",
+    benchmark:
+        f"{ROOT}/benchmarks/export_onnx_{{model}}.tsv"
+    threads: 1
+    resources:
+        **LIGHT_RESOURCES,
+    shell:
+        "OMP_NUM_THREADS={threads} {params.python:q} -m pipeline export-onnx --config-json {params.cfg:q}"
+        " --model-dir {input.model:q} --data-dir {input.data:q} --out-dir {output:q} > {log:q} 2>&1"
+
+
+# Times its int8 variants to pick the bundle's: it takes every core, so nothing runs beside the timed runs.
+rule quantize_onnx:
+    input:
+        onnx=f"{ROOT}/onnx/{{model}}",
+        model=lambda wildcards: f"{ROOT}/{EXPORTED_MODELS[wildcards.model]}",
+        data=rules.prepare_data.output[0],
+        code=code("stages/quantize", "mobile", "squad", "gates", "latency", "data"),
+    output:
+        directory(f"{ROOT}/quantized/{{model}}"),
+    wildcard_constraints:
+        model="|".join(EXPORTED_MODELS),
+    params:
+        python=PYTHON,
+        cfg=stage_config(*EXPORT_SECTIONS),
+    log:
+        f"{ROOT}/logs/quantize_onnx_{{model}}.log",
+    benchmark:
+        f"{ROOT}/benchmarks/quantize_onnx_{{model}}.tsv"
+    threads: workflow.cores
+    resources:
+        **LIGHT_RESOURCES,
+    shell:
+        "OMP_NUM_THREADS={threads} {params.python:q} -m pipeline quantize-onnx --config-json {params.cfg:q}"
+        " --onnx-dir {input.onnx:q} --model-dir {input.model:q} --data-dir {input.data:q} --out-dir {output:q}"
+        " --threads {threads} > {log:q} 2>&1"
+
+
+rule export_coreml:
+    input:
+        model=lambda wildcards: f"{ROOT}/{EXPORTED_MODELS[wildcards.model]}",
+        data=rules.prepare_data.output[0],
+        code=code("stages/export_coreml", "qa", "squad", "gates", "data"),
+    output:
+        directory(f"{ROOT}/coreml/{{model}}"),
+    wildcard_constraints:
+        model="|".join(EXPORTED_MODELS),
+    params:
+        python=PYTHON,
+        cfg=stage_config(*EXPORT_SECTIONS),
+    log:
+        f"{ROOT}/logs/export_coreml_{{model}}.log",
+    benchmark:
+        f"{ROOT}/benchmarks/export_coreml_{{model}}.tsv"
+    threads: 1
+    resources:
+        **LIGHT_RESOURCES,
+    shell:
+        "OMP_NUM_THREADS={threads} {params.python:q} -m pipeline export-coreml --config-json {params.cfg:q}"
+        " --model-dir {input.model:q} --data-dir {input.data:q} --out-dir {output:q} > {log:q} 2>&1"
+
+
+rule export_reference:
+    input:
+        code=code("stages/reference", "stages/export_onnx", "stages/quantize", "stages/export_coreml", "mobile",
+                  "gates"),
+    output:
+        directory(f"{ROOT}/reference/distilbert"),
+    params:
+        python=PYTHON,
+        cfg=stage_config(*EXPORT_SECTIONS),
+    log:
+        f"{ROOT}/logs/export_reference.log",
+    benchmark:
+        f"{ROOT}/benchmarks/export_reference.tsv"
+    threads: 1
+    resources:
+        mem_mb=CFG.compute.training_mem_mb,
+        gpu=0,
+    shell:
+        "OMP_NUM_THREADS={threads} {params.python:q} -m pipeline export-reference --config-json {params.cfg:q}"
+        " --out-dir {output:q} > {log:q} 2>&1"
+
+
+rule bundle:
+    input:
+        quantized=f"{ROOT}/quantized/student",
+        coreml=f"{ROOT}/coreml/student",
+        model=f"{ROOT}/{EXPORTED_MODELS['student']}",
+        data=rules.prepare_data.output[0],
+        code=code("stages/bundle", "mobile", "squad", "gates", "data"),
+    output:
+        directory(f"{ROOT}/bundle"),
+    params:
+        python=PYTHON,
+        cfg=stage_config(*EXPORT_SECTIONS),
+    log:
+        f"{ROOT}/logs/bundle.log",
+    benchmark:
+        f"{ROOT}/benchmarks/bundle.tsv"
+    threads: 1
+    resources:
+        **LIGHT_RESOURCES,
+    shell:
+        "OMP_NUM_THREADS={threads} {params.python:q} -m pipeline bundle --config-json {params.cfg:q}"
+        " --quantized-dir {input.quantized:q} --coreml-dir {input.coreml:q} --model-dir {input.model:q}"
+        " --data-dir {input.data:q} --out-dir {output:q} > {log:q} 2>&1"

@@ -15,6 +15,12 @@ COMMANDS = {
     "init-student": ("pipeline.stages.init_student", "main"),
     "distill-pretrain": ("pipeline.stages.distill_pretrain", "main"),
     "distill-squad": ("pipeline.stages.distill_squad", "main"),
+    "export-onnx": ("pipeline.stages.export_onnx", "main"),
+    "quantize-onnx": ("pipeline.stages.quantize", "main"),
+    "export-coreml": ("pipeline.stages.export_coreml", "main"),
+    "export-reference": ("pipeline.stages.reference", "main"),
+    "bundle": ("pipeline.stages.bundle", "main"),
+    "answer": ("pipeline.mobile", "main"),
     "evaluate-predictions": ("pipeline.squad", "evaluate_predictions_main"),
     "schema": ("pipeline.config", "print_schema_main"),
 }
@@ -34,11 +40,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(entry_point(argv[1:]) or 0)
     except Exception as error:
-        # Bad input (config or data) gets one clear line, not a stack trace from inside a library.
+        # Bad input (config, data, a bundle) and a missed export gate get one clear message, not a stack trace
+        # from inside a library.
+        from pipeline.artifacts import ManifestError
         from pipeline.config import ConfigError
         from pipeline.data import DataError
+        from pipeline.gates import GateError
+        from pipeline.mobile import BundleError
 
-        if isinstance(error, (ConfigError, DataError)):
+        if isinstance(error, (ConfigError, DataError, GateError, BundleError, ManifestError)):
             print(f"error: {error}", file=sys.stderr)
             return 2
         raise

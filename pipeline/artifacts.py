@@ -72,3 +72,63 @@ def to_plain(config_section: Any) -> Any:
     import dataclasses
 
     return dataclasses.asdict(config_section) if dataclasses.is_dataclass(config_section) else config_section
+
+
+# ------------------------------------------------------------------------------------------------ manifests
+
+
+class ManifestError(ValueError):
+    """A file is missing, truncated or changed with respect to the manifest written beside it."""
+
+
+def file_sha256(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def files_manifest(root: str | Path) -> dict[str, dict[str, Any]]:
+    """sha256 and size of every file under `root` (mlpackage folders included), keyed by relative path."""
+    root = Path(root)
+    entries = {}
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and p.name != "manifest.json"):
+        entries[path.relative_to(root).as_posix()] = {"sha256": file_sha256(path), "bytes": path.stat().st_size}
+    return entries
+
+
+def verify_manifest(root: str | Path) -> dict[str, Any]:
+    """Check every file listed in `root`/manifest.json; raise ManifestError naming the first bad file."""
+    root = Path(root)
+    manifest_path = root / "manifest.json"
+    if not manifest_path.is_file():
+        raise ManifestError(f"{manifest_path}: missing; this folder was not written by the pipeline or is incomplete")
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        files = manifest["files"]
+    except (json.JSONDecodeError, KeyError, TypeError) as error:
+        raise ManifestError(f"{manifest_path}: unreadable manifest ({error})") from None
+    for relative, expected in files.items():
+        path = root / relative
+        if not path.is_file():
+            raise ManifestError(f"{path}: listed in the manifest but missing")
+        size = path.stat().st_size
+        if size != expected["bytes"]:
+            raise ManifestError(f"{path}: {size} bytes, the manifest says {expected['bytes']} (truncated or replaced)")
+        if file_sha256(path) != expected["sha256"]:
+            raise ManifestError(f"{path}: sha256 differs from the manifest (the file was changed)")
+    return manifest
+
+
+def directory_size_bytes(path: str | Path) -> int:
+    """Bytes on disk of a file, or of every file under a folder (an .mlpackage is a folder)."""
+    path = Path(path)
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def megabytes(n_bytes: int) -> float:
+    """MB as 10^6 bytes, the unit of every size this pipeline reports."""
+    return round(n_bytes / 1e6, 3)

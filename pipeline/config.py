@@ -304,6 +304,114 @@ class DistillSquadConfig:
 
 
 @dataclass
+class QuantizeConfig:
+    """Dynamic int8 quantization of the ONNX graphs (onnxruntime.quantization), and optional 4-bit weights."""
+
+    target: Literal["auto", "x86-avx2", "x86-vnni", "arm64"] = option(
+        "auto",
+        "CPU the int8 graphs are tuned for: auto (this machine's CPU flags), x86-avx2 (no VNNI: reduce_range on), "
+        "x86-vnni (AVX-512 VNNI / AMX), arm64 (phones: per-channel weights, full 8-bit range).",
+    )
+    per_channel: bool | None = option(None, "One scale per output channel of each weight (null: from target).")
+    reduce_range: bool | None = option(
+        None, "7-bit weights, avoiding int16 overflow in u8s8 kernels on AVX2 CPUs without VNNI (null: from target)."
+    )
+    int4: bool = option(True, "Also build a 4-bit weight-only graph (MatMulNBits; a stretch variant, not bundled).")
+    int4_block_size: int = option(16, "Weights per 4-bit quantization block (one float scale each).", minimum=16)
+    int4_embeddings: bool = option(
+        False,
+        "Store the word embeddings in 4 bits too (GatherBlockQuantized). Off by default: on the offline default's "
+        "64-wide model it cut dev answer agreement with PyTorch to 96.5 %, under the 97 % gate.",
+    )
+    latency_runs: int = option(
+        20, "Timed runs per int8 variant (after warm-up) when choosing the bundle's fastest passing one.", minimum=5
+    )
+
+
+@dataclass
+class CoreMLConfig:
+    """CoreML mlprogram conversion (coremltools) from the traced PyTorch model."""
+
+    minimum_deployment_target: Literal["iOS16", "iOS17", "iOS18"] = option(
+        "iOS18",
+        "iOS18: input_ids and attention_mask both take the enumerated lengths. iOS16/17 allow only one enumerated "
+        "input, so the model takes input_ids alone and derives the mask inside (input_ids != pad).",
+    )
+    sequence_lengths: list[int] = option(
+        [128, 256, 384],
+        "Enumerated input lengths (fixed shapes keep the Neural Engine usable; ranges do not). Each must be at most "
+        "the model's max_position_embeddings.",
+    )
+    variants: list[Literal["fp16", "int8", "4bit"]] = option(
+        ["fp16", "int8", "4bit"],
+        "fp16 weights; int8 weights (linear symmetric, per channel); 4-bit palettized weights (k-means).",
+    )
+    palettization_granularity: Literal["per_tensor", "per_grouped_channel"] = option(
+        "per_tensor", "One 16-entry lookup table per weight tensor, or one per group of output channels."
+    )
+    palettization_group_size: int = option(16, "Output channels per lookup table (per_grouped_channel).", minimum=1)
+    palettize_embeddings: bool = option(
+        True,
+        "Palettize the embedding tables too in the 4-bit variant (they are a third of DistilBERT's weights). The "
+        "full-size reference always does.",
+    )
+
+    def __post_init__(self) -> None:
+        if not self.sequence_lengths or any(length < 8 for length in self.sequence_lengths):
+            raise ConfigError(f"export.coreml.sequence_lengths: {self.sequence_lengths} needs lengths of at least 8")
+        if len(set(self.sequence_lengths)) != len(self.sequence_lengths):
+            raise ConfigError(f"export.coreml.sequence_lengths: {self.sequence_lengths} lists a length twice")
+        if len(set(self.variants)) != len(self.variants):
+            raise ConfigError(f"export.coreml.variants: {self.variants} lists a variant twice")
+
+
+@dataclass
+class GatesConfig:
+    """What every export must reach before it counts; a missed gate fails its rule and prints the numbers."""
+
+    max_abs_logit_diff: float = option(
+        1e-4, "fp32 and optimized ONNX vs PyTorch: largest |start/end logit difference| on dev windows.",
+        exclusiveMinimum=0.0,
+    )
+    min_answer_agreement: float = option(
+        0.97, "Compressed variants (int8, 4-bit): fraction of dev questions answered exactly as PyTorch does.",
+        minimum=0.0, maximum=1.0,
+    )
+    max_f1_drop: float = option(1.0, "Compressed variants: largest dev F1 drop from the fp32 model, in points.", minimum=0.0)
+    min_reference_agreement: float = option(
+        0.99, "The torch-free answerer on the fp32 ONNX graph: fraction of dev answers equal to PyTorch's.",
+        minimum=0.0, maximum=1.0,
+    )
+
+
+@dataclass
+class ReferenceConfig:
+    """Full-size architectures run through the same export path: what the 207 MB figure is about."""
+
+    distilbert: bool = option(True, "Export the full-size DistilBERT architecture (6 x 768).")
+    distilbert_pretrained: str | None = option(
+        None, "Hub name or directory of its weights (e.g. 'distilbert-base-uncased-distilled-squad'); null: random "
+        "weights (sizes and latency do not depend on the values).",
+    )
+    coreml_sequence_lengths: list[int] = option(
+        [128, 256, 384], "CoreML enumerated lengths of the full-size packages (DistilBERT has 512 positions)."
+    )
+    max_int8_onnx_mb: float = option(68.0, "Goal: int8 ONNX size in MB (10^6 bytes).", exclusiveMinimum=0.0)
+    max_coreml_4bit_mb: float = option(36.0, "Goal: 4-bit CoreML size in MB.", exclusiveMinimum=0.0)
+
+
+@dataclass
+class ExportConfig:
+    """From trained PyTorch models to the files an app ships: ONNX, int8/4-bit ONNX, .ort, CoreML, the bundle."""
+
+    opset: int | None = option(None, "ONNX opset (null: optimum's default for the architecture).", minimum=11)
+    quantize: QuantizeConfig = section(QuantizeConfig, "ONNX quantization.")
+    coreml: CoreMLConfig = section(CoreMLConfig, "CoreML conversion.")
+    gates: GatesConfig = section(GatesConfig, "Accuracy gates of every export.")
+    reference: ReferenceConfig = section(ReferenceConfig, "Full-size reference architectures.")
+
+
+@dataclass
 class ComputeConfig:
     """What Snakemake rules ask the scheduler for (resources:)."""
 
@@ -325,6 +433,7 @@ class PipelineConfig:
     student: StudentConfig = section(StudentConfig, "The DistilBERT student.")
     distill_pretrain: DistillPretrainConfig = section(DistillPretrainConfig, "Pretraining distillation.")
     distill_squad: DistillSquadConfig = section(DistillSquadConfig, "SQuAD distillation (second step).")
+    export: ExportConfig = section(ExportConfig, "ONNX / CoreML export, quantization, gates and the app bundle.")
     compute: ComputeConfig = section(ComputeConfig, "Scheduler resources per rule.")
 
 

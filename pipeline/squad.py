@@ -25,8 +25,6 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.data import DataError, load_squad
-
 CONTEXT_SEQUENCE_ID = 1  # question first, context second: we only pad on the right
 MAX_IDS_LISTED = 5  # how many missing prediction ids a report lists
 PUNCTUATION = frozenset(string.punctuation)  # the official script's definition of punctuation
@@ -237,6 +235,8 @@ def _with_text(candidate: dict[str, Any], context: str) -> dict[str, Any]:
     char_start, char_end = candidate["char_span"]
     return {
         "text": context[char_start:char_end],
+        "start": char_start,  # character offsets of the answer in the context
+        "end": char_end,
         "score": candidate["score"],
         "start_logit": candidate["start_logit"],
         "end_logit": candidate["end_logit"],
@@ -302,12 +302,16 @@ def squad_v1_scores(gold_answers: Mapping[str, list[str]], predictions: Mapping[
 
 def gold_answers_from_squad_json(path: str | Path) -> dict[str, list[str]]:
     """Question id → gold answer texts from a SQuAD v1.1/v2.0 file; v2 unanswerable questions are left out."""
+    from pipeline.data import load_squad  # datasets is heavy; the torch-free answerer imports this module
+
     dataset, _ = load_squad(str(path), on_bad_example="error")
     return {example_id: answers["text"] for example_id, answers in zip(dataset["id"], dataset["answers"])}
 
 
 def read_predictions_json(path: str | Path) -> dict[str, str]:
     """The official predictions layout: one JSON object mapping question id → answer text."""
+    from pipeline.data import DataError
+
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: file not found")
@@ -337,6 +341,8 @@ def evaluate_predictions_main(argv: list[str] | None = None) -> int:
     parser.add_argument("dataset", help="SQuAD v1.1 or v2.0 JSON file with the gold answers")
     parser.add_argument("predictions", help="JSON object mapping question id to predicted answer text")
     args = parser.parse_args(argv)
+    from pipeline.data import DataError
+
     try:
         gold_answers = gold_answers_from_squad_json(args.dataset)
         predictions = read_predictions_json(args.predictions)

@@ -42,3 +42,29 @@ def build_tiny_artifacts(root: Path, cfg: PipelineConfig | None = None) -> dict[
     token_counts.run(cfg, paths["data"], paths["tokenizer"], paths["counts"])
     init_student.run(cfg, str(paths["mlm_teacher"]), paths["tokenizer"], paths["student"])
     return paths
+
+
+def tiny_qa_model_dir(root: Path, paths: dict[str, Path], cfg: PipelineConfig, distilbert: bool = True) -> Path:
+    """A QA model folder as a QA stage writes it: weights, tokenizer, dev predictions.json and metrics.json.
+
+    The weights are random (seeded): export stages compare exports against the PyTorch model, not against gold.
+    """
+    import torch
+    from transformers import AutoTokenizer, DistilBertForQuestionAnswering, BertForQuestionAnswering
+
+    from pipeline import qa
+    from pipeline.data import load_squad
+
+    torch.manual_seed(0)
+    source = paths["student"] if distilbert else paths["qa_teacher"]
+    model_class = DistilBertForQuestionAnswering if distilbert else BertForQuestionAnswering
+    model = model_class.from_pretrained(source).eval()
+    tokenizer = AutoTokenizer.from_pretrained(paths["tokenizer"])
+    dev, _ = load_squad(str(paths["data"] / "dev.jsonl"))
+    metrics, predictions = qa.evaluate_qa(model, tokenizer, dev, cfg.squad, torch.device("cpu"))
+    out = root / ("distilbert_qa" if distilbert else "bert_qa")
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    atomic_write_json(out / "predictions.json", predictions)
+    atomic_write_json(out / "metrics.json", metrics)
+    return out

@@ -47,6 +47,11 @@ def test_every_stage_wrote_its_outputs_and_metrics(dag_outputs):
     for rule in ("prepare_data", "tokenizer", "teacher_pretrain", "teacher_finetune", "distill_squad"):
         assert (dag_outputs / "logs" / f"{rule}.log").is_file()
         assert (dag_outputs / "benchmarks" / f"{rule}.tsv").is_file()
+    for model in ("student", "student_ce_only", "teacher"):
+        for kind, report in (("onnx", "export.json"), ("quantized", "quantize.json"), ("coreml", "coreml.json")):
+            assert (dag_outputs / kind / model / report).is_file(), f"{kind}/{model}/{report}"
+    assert (dag_outputs / "bundle" / "manifest.json").is_file()
+    assert not (dag_outputs / "reference").exists()  # off in configs/test.yaml
     train_log = (dag_outputs / "teacher" / "train_log.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in train_log] == [2, 4, 6]
 
@@ -84,6 +89,23 @@ def test_a_config_typo_stops_the_run_before_any_job(tmp_path):
     assert completed.returncode != 0
     assert "lerning_rate" in completed.stdout + completed.stderr
     assert not (tmp_path / "data").exists()
+
+
+def test_the_bundle_answers_dev_questions_like_the_pytorch_student_without_torch(dag_outputs, tmp_path):
+    out = tmp_path / "answers.json"
+    script = (
+        "import sys; from pipeline.__main__ import main; code = main(sys.argv[1:]);"
+        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules; sys.exit(code)"
+    )
+    command = [sys.executable, "-c", script, "answer", "--bundle", str(dag_outputs / "bundle"), "--json",
+               str(dag_outputs / "data" / "dev.json"), "--out", str(out)]
+    subprocess.run(command, capture_output=True, text=True, cwd=PROJECT_ROOT, check=True)
+    answers = json.loads(out.read_text())
+    fp32 = json.loads((dag_outputs / "onnx" / "student" / "fp32" / "predictions.json").read_text())
+    pytorch = json.loads((dag_outputs / "distill_squad" / "predictions.json").read_text())
+    assert answers.keys() == pytorch.keys()
+    # The fp32 graph through the same torch-free answerer gives PyTorch's answers (the export_onnx gate).
+    assert sum(fp32[k] == pytorch[k] for k in pytorch) / len(pytorch) >= 0.99
 
 
 def test_teacher_directory_loads_in_the_transformers_qa_pipeline(dag_outputs):

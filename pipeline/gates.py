@@ -1,0 +1,78 @@
+"""Accuracy gates: what an exported model must reach before it counts (config section export.gates).
+
+A missed gate raises GateError with the numbers, so the Snakemake rule that built the model fails and says why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pipeline import squad
+
+
+class GateError(RuntimeError):
+    """An export missed one of its gates; the message names the artifact, the measure and both numbers."""
+
+
+def answer_agreement(predictions: Mapping[str, str], reference: Mapping[str, str]) -> float:
+    """Fraction of the reference's questions answered with exactly the same text."""
+    if not reference:
+        raise ValueError("no reference answers to compare with")
+    same = sum(predictions.get(question_id) == answer for question_id, answer in reference.items())
+    return same / len(reference)
+
+
+def compressed_model_report(
+    name: str,
+    predictions: Mapping[str, str],
+    reference_predictions: Mapping[str, str],
+    gold_answers: Mapping[str, list[str]],
+    reference_f1: float,
+    min_answer_agreement: float,
+    max_f1_drop: float,
+) -> dict:
+    """Scores of a compressed model against its fp32 original, with pass/fail of both gates (not raised here)."""
+    scores = squad.squad_v1_scores(gold_answers, predictions)
+    agreement = answer_agreement(predictions, reference_predictions)
+    f1_drop = reference_f1 - scores["f1"]
+    return {
+        "name": name,
+        "exact_match": round(scores["exact_match"], 3),
+        "f1": round(scores["f1"], 3),
+        "f1_drop": round(f1_drop, 3),
+        "answer_agreement": round(agreement, 4),
+        "gates": {
+            "answer_agreement": {"value": round(agreement, 4), "minimum": min_answer_agreement,
+                                 "passed": agreement >= min_answer_agreement},
+            "f1_drop": {"value": round(f1_drop, 3), "maximum": max_f1_drop, "passed": f1_drop <= max_f1_drop},
+        },
+        "passed": agreement >= min_answer_agreement and f1_drop <= max_f1_drop,
+    }
+
+
+def logit_parity_report(name: str, max_abs_diff: float, limit: float, n_windows: int) -> dict:
+    return {
+        "name": name,
+        "max_abs_logit_diff": max_abs_diff,
+        "limit": limit,
+        "n_windows": n_windows,
+        "passed": max_abs_diff <= limit,
+    }
+
+
+def raise_for_failures(reports: list[dict], where: str) -> None:
+    """Raise one GateError listing every report that did not pass, with its numbers."""
+    failed = [report for report in reports if not report["passed"]]
+    if not failed:
+        return
+    lines = [f"{where}: {len(failed)} export(s) missed their gates (see export.gates in the config):"]
+    for report in failed:
+        if "max_abs_logit_diff" in report:
+            lines.append(f"  {report['name']}: max |logit diff| {report['max_abs_logit_diff']:.3g} > {report['limit']:.3g}"
+                         f" over {report['n_windows']} dev windows")
+            continue
+        for gate, result in report["gates"].items():
+            if not result["passed"]:
+                bound = f">= {result['minimum']}" if "minimum" in result else f"<= {result['maximum']}"
+                lines.append(f"  {report['name']}: {gate} {result['value']} (needs {bound})")
+    raise GateError("\n".join(lines))

@@ -1,0 +1,72 @@
+"""Latency of one ONNX graph: batch 1, a fixed sequence length, pinned threads, percentiles over timed runs.
+
+Timings belong in benchmark JSON, never in test assertions. Call this only where nothing else runs beside it
+(the rules that time take every core Snakemake was given).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime
+
+
+def cpu_description() -> dict:
+    """lscpu's model name and the SIMD flags that decide int8 speed, for every timing's record."""
+    model, flags = "unknown", []
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and model == "unknown":
+                model = value.strip()
+            if key.strip() in ("flags", "Features") and not flags:
+                flags = value.split()
+    interesting = [f for f in flags if f.startswith(("avx", "amx", "fma", "sse4", "asimd", "sve", "i8mm", "dotprod"))]
+    return {"model_name": model, "simd_flags": sorted(interesting)}
+
+
+def onnx_session(path: str | Path, threads: int) -> onnxruntime.InferenceSession:
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
+    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def synthetic_feed(session: onnxruntime.InferenceSession, sequence_length: int, vocab_size: int, seed: int = 0) -> dict:
+    """A batch-1 input of real length `sequence_length` (every token attended: the worst case a window reaches)."""
+    rng = np.random.default_rng(seed)
+    feed = {}
+    for model_input in session.get_inputs():
+        dtype = np.int32 if model_input.type == "tensor(int32)" else np.int64
+        if model_input.name == "input_ids":
+            feed[model_input.name] = rng.integers(5, vocab_size, size=(1, sequence_length)).astype(dtype)
+        elif model_input.name == "attention_mask":
+            feed[model_input.name] = np.ones((1, sequence_length), dtype=dtype)
+        else:
+            feed[model_input.name] = np.zeros((1, sequence_length), dtype=dtype)
+    return feed
+
+
+def compare_latency(
+    paths: dict[str, str | Path], sequence_length: int, vocab_size: int, threads: int = 1, runs: int = 20, warmup: int = 3
+) -> dict[str, dict[str, float]]:
+    """p50/p90 in ms per graph; runs are interleaved round-robin so drift in machine speed hits every graph alike."""
+    sessions = {name: onnx_session(path, threads) for name, path in paths.items()}
+    feeds = {name: synthetic_feed(session, sequence_length, vocab_size) for name, session in sessions.items()}
+    for name, session in sessions.items():
+        for _ in range(warmup):
+            session.run(None, feeds[name])
+    times: dict[str, list[float]] = {name: [] for name in sessions}
+    for _ in range(runs):
+        for name, session in sessions.items():
+            start = time.perf_counter()
+            session.run(None, feeds[name])
+            times[name].append((time.perf_counter() - start) * 1000)
+    return {
+        name: {"p50": round(float(np.percentile(t, 50)), 3), "p90": round(float(np.percentile(t, 90)), 3), "runs": runs}
+        for name, t in times.items()
+    }

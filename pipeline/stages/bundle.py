@@ -1,0 +1,261 @@
+"""Stage bundle: the folder an app ships, built from the distilled student's exports.
+
+artifacts/bundle/
+  model.int8.onnx           the fastest int8 graph that passed its gates (quantize.json's bundle_choice)
+  model.int8.ort            the same graph in ORT format for ONNX Runtime Mobile (+ its required-operators list)
+  coreml/*.mlpackage        every CoreML variant (fp16, int8, 4-bit)
+  tokenizer.json, vocab.txt the WordPiece tokenizer (vocab.txt for ports without a tokenizers library)
+  qa_config.json            windowing and n-best settings, input/output names and types, file names
+  README.md                 the contract for app developers, with a worked example from this build
+  metrics.json              dev scores of the bundled model through the torch-free answerer
+  manifest.json             sha256 and bytes of every file, library versions, the hash of the config that built it
+The rule answers every dev question with the bundled ONNX and .ort models through pipeline/mobile.py (no torch)
+and holds them to the int8 gates against the PyTorch student.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import platform
+import shutil
+from importlib import metadata
+from pathlib import Path
+
+from pipeline import mobile, squad
+from pipeline.artifacts import (
+    atomic_output_dir,
+    atomic_write_json,
+    atomic_write_text,
+    directory_size_bytes,
+    files_manifest,
+    megabytes,
+    read_json,
+    setup_logging,
+    to_plain,
+    verify_manifest,
+)
+from pipeline.config import PipelineConfig, config_from_json
+from pipeline.gates import GateError, compressed_model_report, raise_for_failures
+
+logger = logging.getLogger(__name__)
+
+ONNX_NAME, ORT_NAME = "model.int8.onnx", "model.int8.ort"
+LIBRARIES = ("onnxruntime", "onnx", "optimum", "optimum-onnx", "transformers", "tokenizers", "torch", "coremltools",
+             "numpy")
+
+
+def library_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for name in LIBRARIES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def config_hash(cfg: PipelineConfig) -> str:
+    return hashlib.sha256(json.dumps(to_plain(cfg), sort_keys=True).encode()).hexdigest()
+
+
+def convert_to_ort(onnx_path: Path, out_dir: Path) -> Path:
+    """ORT format for ONNX Runtime Mobile; graph optimizations fixed at conversion time (the mobile default)."""
+    from onnxruntime.tools.convert_onnx_models_to_ort import OptimizationStyle, convert_onnx_models_to_ort
+
+    convert_onnx_models_to_ort(onnx_path, output_dir=out_dir, optimization_styles=[OptimizationStyle.Fixed])
+    return out_dir / onnx_path.with_suffix(".ort").name
+
+
+def qa_config(cfg: PipelineConfig, answerer: mobile.QuestionAnswerer, coreml: dict, tokenizer_config: dict) -> dict:
+    session = answerer.session
+    return {
+        "format_version": 1,
+        "task": "extractive-question-answering",
+        "max_seq_length": cfg.squad.max_seq_length,
+        "doc_stride": cfg.squad.doc_stride,
+        "n_best_size": cfg.squad.n_best_size,
+        "max_answer_length": cfg.squad.max_answer_length,
+        "question_first": True,
+        "tokenizer": {
+            "file": "tokenizer.json",
+            "vocab": "vocab.txt",
+            "lowercase": bool(tokenizer_config.get("do_lower_case", True)),
+            "strip_accents": tokenizer_config.get("strip_accents"),
+            "special_tokens": {name: {"token": token, "id": answerer.tokenizer.token_to_id(token)}
+                               for name, token in (("cls", "[CLS]"), ("sep", "[SEP]"), ("pad", "[PAD]"),
+                                                   ("unk", "[UNK]"))},
+        },
+        "onnx": {
+            "model": ONNX_NAME,
+            "ort_model": ORT_NAME,
+            "inputs": [{"name": i.name, "dtype": i.type, "shape": i.shape} for i in session.get_inputs()],
+            "outputs": [{"name": o.name, "dtype": o.type, "shape": o.shape} for o in session.get_outputs()],
+        },
+        "coreml": {
+            "minimum_deployment_target": coreml["minimum_deployment_target"],
+            "sequence_lengths": coreml["sequence_lengths"],
+            "models": {variant: f"coreml/{package['path']}" for variant, package in coreml["packages"].items()},
+            "inputs": next(iter(coreml["packages"].values()))["inputs"] if coreml["packages"] else [],
+            "outputs": next(iter(coreml["packages"].values()))["outputs"] if coreml["packages"] else [],
+        },
+    }
+
+
+def worked_example(answerer: mobile.QuestionAnswerer, example: dict) -> dict:
+    windows = answerer.windows([example])
+    result = answerer.answer(example["question"], example["context"], n_best=3)
+    first = windows.input_ids[0][: int(windows.attention_mask[0].sum())].tolist()
+    return {
+        "question": example["question"],
+        "context": example["context"],
+        "n_windows": len(windows),
+        "first_window_tokens": answerer.tokenizer.decode(first, skip_special_tokens=False).split()[:24],
+        "first_window_ids": first[:24],
+        "answer": result,
+    }
+
+
+def app_readme(config: dict, metrics: dict, example: dict) -> str:
+    onnx_inputs = ", ".join(f"`{i['name']}` ({i['dtype']}, {i['shape']})" for i in config["onnx"]["inputs"])
+    coreml_inputs = ", ".join(f"`{i['name']}`" for i in config["coreml"]["inputs"]) or "(no CoreML variant built)"
+    candidates = "\n".join(f"| {c['text']!s} | {c['start']} | {c['end']} | {c['score']:.3f} |"
+                           for c in example["answer"]["n_best"])
+    return f"""# Question-answering bundle
+
+Extractive question answering: give a question and a context, get the span of the context that answers it.
+Everything here runs on the device; `manifest.json` lists the sha256 of every file.
+
+| file | what it is | size |
+|---|---|---|
+| `{ONNX_NAME}` | ONNX int8 ({metrics['onnx_variant']}), for onnxruntime (desktop, web, React Native) | {metrics['onnx_size_mb']} MB |
+| `{ORT_NAME}` | the same graph in ORT format, for ONNX Runtime Mobile (Android, iOS) | {metrics['ort_size_mb']} MB |
+{''.join(f"| `{path}` | CoreML mlprogram, {variant} weights, {config['coreml']['minimum_deployment_target']}+ | {metrics['coreml_size_mb'][variant]} MB |" + chr(10) for variant, path in config['coreml']['models'].items())}| `tokenizer.json`, `vocab.txt` | BERT WordPiece tokenizer (lower-case: {config['tokenizer']['lowercase']}) | |
+| `qa_config.json` | every setting below, machine-readable | |
+
+Dev set of this build ({metrics['n_questions']} questions): exact match {metrics['exact_match']}, F1 {metrics['f1']}
+(ONNX int8 through the reference answerer; the PyTorch student: F1 {metrics['pytorch_f1']}).
+
+## Inputs and outputs
+- ONNX: {onnx_inputs}. Outputs `start_logits`, `end_logits`: float32 [batch, sequence], one score per token.
+- CoreML: {coreml_inputs}, int32, shape [1, L] with L one of {config['coreml']['sequence_lengths']}
+  (pad the window to the next length). Outputs `start_logits`, `end_logits`: float32 [1, L].
+  {"The mask is derived inside the model (input_ids != [PAD])." if len(config['coreml']['inputs']) == 1 else "attention_mask is 1 on real tokens, 0 on padding."}
+
+## Pre-processing
+1. Tokenize question and context as a pair with `tokenizer.json` (BERT normalizer, lower-casing and accent
+   stripping as configured, WordPiece): `[CLS] question [SEP] context [SEP]`. Strip leading spaces of the question.
+2. If it does not fit in `max_seq_length` = {config['max_seq_length']} tokens, cut the context into windows:
+   each window holds the whole question and as much context as fits; consecutive windows share
+   `doc_stride` = {config['doc_stride']} context tokens.
+3. Keep each context token's character offsets [start, end) in the original context.
+4. `attention_mask` = 1 on real tokens, pad `input_ids` with the [PAD] id ({config['tokenizer']['special_tokens']['pad']['id']}).
+
+## Post-processing
+5. In each window take the {config['n_best_size']} highest start and end logits. Keep pairs where both tokens are
+   context tokens, end >= start and end - start + 1 <= {config['max_answer_length']}; score = start + end logit.
+6. The best pair over all windows is the answer. Cut its text from the original context with the offsets
+   (start of the first token, end of the last): the answer keeps the context's case and accents.
+
+The reference implementation is `pipeline/mobile.py` (onnxruntime + tokenizers + numpy):
+`python -m pipeline answer --bundle <this folder> --question "..." --context "..."`.
+
+## Worked example (from this build)
+Question: {example['question']}
+
+Context: {example['context']}
+
+The pair gives {example['n_windows']} window(s); the first one starts with
+`{' '.join(example['first_window_tokens'])}` = ids `{example['first_window_ids']}`.
+
+| candidate | start char | end char | score |
+|---|---|---|---|
+{candidates}
+
+Answer: **{example['answer']['answer']}** (context characters {example['answer']['start']}-{example['answer']['end']}).
+"""
+
+
+def run(cfg: PipelineConfig, quantized_dir: Path, coreml_dir: Path, model_dir: Path, data_dir: Path,
+        out_dir: Path) -> dict:
+    from pipeline.data import load_squad
+
+    quantized = read_json(quantized_dir / "quantize.json")
+    choice = quantized["bundle_choice"]
+    if choice is None:
+        raise GateError(f"{quantized_dir}/quantize.json: no int8 variant passed its gates, nothing to bundle")
+    coreml = read_json(coreml_dir / "coreml.json")
+    dev, _ = load_squad(str(data_dir / "dev.jsonl"))
+    examples = [{"id": i, "question": q, "context": c} for i, q, c in zip(dev["id"], dev["question"], dev["context"])]
+    gold = {example_id: answers["text"] for example_id, answers in zip(dev["id"], dev["answers"])}
+    pytorch_predictions = read_json(model_dir / "predictions.json")
+    pytorch_f1 = read_json(model_dir / "metrics.json")["f1"]
+    source = quantized_dir / choice
+
+    with atomic_output_dir(out_dir) as tmp:
+        shutil.copy(source / "model.onnx", tmp / ONNX_NAME)
+        for name in ("tokenizer.json", "vocab.txt"):
+            shutil.copy(source / name, tmp / name)
+        ort_path = convert_to_ort(tmp / ONNX_NAME, tmp)
+        (tmp / "coreml").mkdir()
+        for package in coreml["packages"].values():
+            shutil.copytree(coreml_dir / package["path"], tmp / "coreml" / package["path"])
+
+        settings = dict(max_seq_length=cfg.squad.max_seq_length, doc_stride=cfg.squad.doc_stride,
+                        n_best_size=cfg.squad.n_best_size, max_answer_length=cfg.squad.max_answer_length)
+        reports, predictions = [], {}
+        for name, path in (("onnx", tmp / ONNX_NAME), ("ort", ort_path)):
+            answerer = mobile.QuestionAnswerer(path, tmp / "tokenizer.json", **settings)
+            predictions[name] = answerer.predict(examples)
+            reports.append(compressed_model_report(f"{out_dir}/{path.name}", predictions[name], pytorch_predictions,
+                                                   gold, pytorch_f1, cfg.export.gates.min_answer_agreement,
+                                                   cfg.export.gates.max_f1_drop))
+        raise_for_failures(reports, str(out_dir))
+        answerer = mobile.QuestionAnswerer(tmp / ONNX_NAME, tmp / "tokenizer.json", **settings)
+        tokenizer_config = read_json(source / "tokenizer_config.json") if (source / "tokenizer_config.json").is_file() else {}
+        config = qa_config(cfg, answerer, coreml, tokenizer_config)
+        atomic_write_json(tmp / "qa_config.json", config)
+        onnx_report = reports[0]
+        metrics = {
+            "onnx_variant": choice,
+            "onnx_runner_up": quantized["runner_up"],
+            "onnx_size_mb": megabytes(directory_size_bytes(tmp / ONNX_NAME)),
+            "ort_size_mb": megabytes(directory_size_bytes(ort_path)),
+            "coreml_size_mb": {variant: megabytes(directory_size_bytes(tmp / "coreml" / package["path"]))
+                               for variant, package in coreml["packages"].items()},
+            "n_questions": len(examples),
+            "exact_match": onnx_report["exact_match"],
+            "f1": onnx_report["f1"],
+            "pytorch_f1": pytorch_f1,
+            "answer_agreement_with_pytorch": {"onnx": reports[0]["answer_agreement"], "ort": reports[1]["answer_agreement"]},
+            "ort_answers_equal_onnx": sum(predictions["ort"][k] == v for k, v in predictions["onnx"].items()) / len(examples),
+        }
+        atomic_write_json(tmp / "metrics.json", metrics)
+        atomic_write_text(tmp / "README.md", app_readme(config, metrics, worked_example(answerer, examples[0])))
+        atomic_write_json(tmp / "manifest.json", {
+            "files": files_manifest(tmp),
+            "library_versions": library_versions(),
+            "config_sha256": config_hash(cfg),
+            "built_from": {"quantized": str(quantized_dir), "coreml": str(coreml_dir), "model": str(model_dir)},
+        })
+        verify_manifest(tmp)
+    logger.info("bundle: %s", json.dumps(metrics))
+    return metrics
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline bundle", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config-json", required=True)
+    parser.add_argument("--quantized-dir", required=True, type=Path, help="output of quantize_onnx (student)")
+    parser.add_argument("--coreml-dir", required=True, type=Path, help="output of export_coreml (student)")
+    parser.add_argument("--model-dir", required=True, type=Path, help="the PyTorch student (dev predictions and F1)")
+    parser.add_argument("--data-dir", required=True, type=Path)
+    parser.add_argument("--out-dir", required=True, type=Path)
+    args = parser.parse_args(argv)
+    setup_logging()
+    run(config_from_json(args.config_json), args.quantized_dir, args.coreml_dir, args.model_dir, args.data_dir,
+        args.out_dir)
+    return 0

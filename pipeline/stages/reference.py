@@ -1,0 +1,149 @@
+"""Stage export_reference: the full-size DistilBERT architecture (6 x 768) through the same export path.
+
+The offline default trains small models, but the paper's 207 MB is about DistilBERT-base. Sizes (and, in the
+benchmark, latency) do not depend on weight values, so this stage exports the full-size architecture, with
+random weights unless export.reference.distilbert_pretrained names real ones, exactly as the trained models
+are exported: ONNX fp32, fused, int8 (naive and fused), 4-bit, and CoreML fp16, int8 and 4-bit (every weight
+palettized). It checks fusions and logit parity (on random token windows) like export_onnx, and records the
+size goals: int8 ONNX <= export.reference.max_int8_onnx_mb, CoreML 4-bit <= max_coreml_4bit_mb.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from pipeline import mobile
+from pipeline.artifacts import atomic_output_dir, atomic_write_json, directory_size_bytes, megabytes, setup_logging
+from pipeline.config import PipelineConfig, config_from_json
+from pipeline.gates import logit_parity_report, raise_for_failures
+from pipeline.stages import export_coreml, export_onnx, quantize
+
+logger = logging.getLogger(__name__)
+
+MODEL_FILE = "model.onnx"
+PARITY_WINDOWS, PARITY_LENGTH = 4, 128
+
+
+def save_distilbert(out_dir: Path, pretrained: str | None, seed: int) -> int:
+    """The full-size DistilBERT QA model as a save_pretrained folder; returns its parameter count."""
+    import torch
+    from transformers import DistilBertConfig, DistilBertForQuestionAnswering
+
+    if pretrained:
+        model = DistilBertForQuestionAnswering.from_pretrained(pretrained)
+    else:
+        torch.manual_seed(seed)
+        model = DistilBertForQuestionAnswering(DistilBertConfig())  # 6 layers, 768 wide, 30522 tokens, 512 positions
+    model.save_pretrained(out_dir, safe_serialization=True)
+    return model.num_parameters()
+
+
+def random_windows(vocab_size: int, seed: int) -> mobile.Windows:
+    rng = np.random.default_rng(seed)
+    input_ids = rng.integers(5, vocab_size, size=(PARITY_WINDOWS, PARITY_LENGTH)).astype(np.int64)
+    attention_mask = np.ones_like(input_ids)
+    attention_mask[1::2, PARITY_LENGTH // 2:] = 0  # half the windows padded, as real batches are
+    return mobile.Windows([str(i) for i in range(PARITY_WINDOWS)], input_ids, attention_mask,
+                          np.zeros_like(input_ids), [[None] * PARITY_LENGTH] * PARITY_WINDOWS)
+
+
+def torch_logits(model_dir: Path, windows: mobile.Windows) -> tuple[np.ndarray, np.ndarray]:
+    import torch
+    from transformers import AutoModelForQuestionAnswering
+
+    model = AutoModelForQuestionAnswering.from_pretrained(model_dir).eval()
+    with torch.no_grad():
+        output = model(input_ids=torch.from_numpy(windows.input_ids),
+                       attention_mask=torch.from_numpy(windows.attention_mask))
+    return output.start_logits.numpy(), output.end_logits.numpy()
+
+
+def run(cfg: PipelineConfig, out_dir: Path) -> dict:
+    rcfg = cfg.export.reference
+    settings = quantize.quantization_settings(cfg.export.quantize)
+    # The size goal counts every weight, so the reference palettizes the embedding tables too.
+    coreml_cfg = dataclasses.replace(cfg.export.coreml, palettize_embeddings=True,
+                                     sequence_lengths=rcfg.coreml_sequence_lengths)
+    with atomic_output_dir(out_dir) as tmp:
+        pytorch_dir = tmp / "pytorch"
+        n_parameters = save_distilbert(pytorch_dir, rcfg.distilbert_pretrained, cfg.seed)
+        onnx_dir = tmp / "onnx"
+        export_onnx.export_fp32(pytorch_dir, onnx_dir / "fp32", cfg.export.opset)
+        fused_ops = export_onnx.optimize_graph(onnx_dir / "fp32", onnx_dir / "optimized")
+        model_config = json.loads((pytorch_dir / "config.json").read_text())
+        export_onnx.check_fusions(fused_ops, model_config["n_layers"], f"{out_dir}/onnx/optimized")
+
+        windows = random_windows(model_config["vocab_size"], cfg.seed)
+        torch_start, torch_end = torch_logits(pytorch_dir, windows)
+        parity = [
+            logit_parity_report(variant, export_onnx.max_logit_difference(onnx_dir / variant / MODEL_FILE, windows,
+                                                                          torch_start, torch_end, PARITY_WINDOWS),
+                                cfg.export.gates.max_abs_logit_diff, PARITY_WINDOWS)
+            for variant in ("fp32", "optimized")
+        ]
+        raise_for_failures(parity, str(out_dir))
+
+        for variant, build in {
+            "int8": lambda target: quantize.quantize_int8(onnx_dir / "fp32" / MODEL_FILE, target, settings, False),
+            "int8-optimized": lambda target: quantize.quantize_int8(onnx_dir / "optimized" / MODEL_FILE, target,
+                                                                    settings, True),
+            "int4": lambda target: quantize.quantize_int4(onnx_dir / "fp32" / MODEL_FILE, target,
+                                                          cfg.export.quantize.int4_block_size, embeddings=True),
+        }.items():
+            quantize.copy_side_files(onnx_dir / "fp32", onnx_dir / variant)
+            build(onnx_dir / variant / MODEL_FILE)
+
+        coreml_dir = tmp / "coreml"
+        coreml_dir.mkdir()
+        packages = {}
+        for variant in coreml_cfg.variants:
+            wrapped = export_coreml.load_wrapped(pytorch_dir, coreml_cfg.minimum_deployment_target == "iOS18")
+            path = coreml_dir / f"{variant}.mlpackage"
+            export_coreml.convert(export_coreml.compress(wrapped, variant, coreml_cfg), coreml_cfg, path)
+            info = export_coreml.read_package(path)
+            export_coreml.check_package(info, variant, coreml_cfg,
+                                        export_coreml.weight_matrix_count(wrapped.model, variant, coreml_cfg),
+                                        f"{out_dir}/coreml/{path.name}")
+            packages[variant] = {"path": f"coreml/{path.name}", "size_mb": megabytes(directory_size_bytes(path)), **info}
+
+        onnx_sizes = {variant: megabytes(directory_size_bytes(onnx_dir / variant / MODEL_FILE))
+                      for variant in ("fp32", "optimized", "int8", "int8-optimized", "int4")}
+        int8_mb = min(onnx_sizes["int8"], onnx_sizes["int8-optimized"])
+        coreml_4bit_mb = packages["4bit"]["size_mb"] if "4bit" in packages else None
+        metrics = {
+            "architecture": {key: model_config[key] for key in ("n_layers", "dim", "n_heads", "hidden_dim", "vocab_size")},
+            "weights": rcfg.distilbert_pretrained or "random (sizes do not depend on the values)",
+            "n_parameters": n_parameters,
+            "pytorch_fp32_mb": megabytes(directory_size_bytes(pytorch_dir / "model.safetensors")),
+            "onnx_size_mb": onnx_sizes,
+            "fused_ops": fused_ops,
+            "parity": {report["name"]: report["max_abs_logit_diff"] for report in parity},
+            "quantization": settings,
+            "coreml": packages,
+            "goals": {
+                "int8_onnx_mb": {"value": int8_mb, "maximum": rcfg.max_int8_onnx_mb, "met": int8_mb <= rcfg.max_int8_onnx_mb},
+                "coreml_4bit_mb": {"value": coreml_4bit_mb, "maximum": rcfg.max_coreml_4bit_mb,
+                                   "met": coreml_4bit_mb is not None and coreml_4bit_mb <= rcfg.max_coreml_4bit_mb},
+            },
+            "paper_on_device_mb": 207,
+        }
+        atomic_write_json(tmp / "reference.json", metrics)
+    logger.info("export_reference: %s", json.dumps(metrics))
+    return metrics
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline export-reference", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config-json", required=True)
+    parser.add_argument("--out-dir", required=True, type=Path)
+    args = parser.parse_args(argv)
+    setup_logging()
+    run(config_from_json(args.config_json), args.out_dir)
+    return 0

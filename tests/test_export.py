@@ -1,0 +1,282 @@
+"""Stages export_onnx, quantize_onnx, export_coreml, export_reference and bundle on tiny models."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from pipeline import mobile
+from pipeline.artifacts import verify_manifest
+from pipeline.gates import GateError
+from pipeline.stages import bundle, export_coreml, export_onnx, quantize, reference
+from tests.conftest import PROJECT_ROOT
+from tests.stage_fixtures import build_tiny_artifacts, tiny_config, tiny_qa_model_dir
+
+# Random tiny models have near-flat logits, so int8 rounding flips many answers: these tests check what the
+# stages build and record, and the compressed-variant gates are exercised on their own below.
+RELAXED = {"gates": {"min_answer_agreement": 0.0, "max_f1_drop": 100.0},
+           "coreml": {"sequence_lengths": [32, 64], "variants": ["fp16", "int8", "4bit"]}}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("export")
+    cfg = tiny_config(export=RELAXED)
+    paths = build_tiny_artifacts(root, cfg)
+    student = tiny_qa_model_dir(root, paths, cfg, distilbert=True)
+    teacher = tiny_qa_model_dir(root, paths, cfg, distilbert=False)
+    outputs = {"cfg": cfg, "data": paths["data"], "student": student, "teacher": teacher}
+    for name, model_dir in (("student", student), ("teacher", teacher)):
+        export_onnx.run(cfg, model_dir, paths["data"], root / f"onnx_{name}")
+        outputs[f"onnx_{name}"] = root / f"onnx_{name}"
+    quantize.run(cfg, root / "onnx_student", student, paths["data"], root / "quantized")
+    export_coreml.run(cfg, student, paths["data"], root / "coreml")
+    bundle.run(cfg, root / "quantized", root / "coreml", student, paths["data"], root / "bundle")
+    outputs.update(quantized=root / "quantized", coreml=root / "coreml", bundle=root / "bundle")
+    return outputs
+
+
+def dev_examples(data_dir):
+    records = [json.loads(line) for line in (data_dir / "dev.jsonl").read_text().splitlines()]
+    return [{"id": r["id"], "question": r["question"], "context": r["context"]} for r in records]
+
+
+# ------------------------------------------------------------------------------------------- export_onnx
+
+
+def test_onnx_exports_load_in_optimum_and_answer_through_the_transformers_pipeline(built):
+    import transformers
+    from optimum.onnxruntime import ORTModelForQuestionAnswering
+
+    example = dev_examples(built["data"])[0]
+    for variant in ("fp32", "optimized"):
+        model = ORTModelForQuestionAnswering.from_pretrained(built["onnx_student"] / variant)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(built["onnx_student"] / variant)
+        answerer = transformers.pipeline("question-answering", model=model, tokenizer=tokenizer)
+        answer = answerer(question=example["question"], context=example["context"])
+        assert example["context"][answer["start"] : answer["end"]] == answer["answer"]
+
+
+def test_exported_graphs_have_dynamic_axes_the_qa_names_and_match_pytorch(built):
+    import onnx
+
+    for name, inputs in (("student", ["input_ids", "attention_mask"]),
+                         ("teacher", ["input_ids", "attention_mask", "token_type_ids"])):
+        graph = onnx.load(str(built[f"onnx_{name}"] / "fp32" / "model.onnx")).graph
+        assert [i.name for i in graph.input] == inputs
+        assert [o.name for o in graph.output] == ["start_logits", "end_logits"]
+        dims = [d.dim_param for d in graph.input[0].type.tensor_type.shape.dim]
+        assert all(dims), f"batch and sequence axes must be dynamic, got {dims}"
+        report = json.loads((built[f"onnx_{name}"] / "export.json").read_text())
+        assert report["parity"]["fp32"] <= 1e-4 and report["parity"]["optimized"] <= 1e-4
+        assert report["fp32"]["answer_agreement_with_pytorch"] >= 0.99
+
+
+def test_fused_op_counts_are_recorded_and_checked_per_layer(built):
+    for name, n_layers in (("student", 2), ("teacher", 4)):
+        fused = json.loads((built[f"onnx_{name}"] / "export.json").read_text())["optimized"]["fused_ops"]
+        assert fused["Attention"] == n_layers and fused["SkipLayerNormalization"] == 2 * n_layers
+        assert fused["EmbedLayerNormalization"] == 1
+    with pytest.raises(GateError, match="Attention/MultiHeadAttention 1, expected 2"):
+        export_onnx.check_fusions({**fused, "Attention": 1}, 2, "somewhere")
+
+
+def test_a_missed_parity_gate_fails_the_stage_with_the_numbers_and_leaves_no_output(built, tmp_path):
+    cfg = tiny_config(export={"gates": {"max_abs_logit_diff": 1e-12}})
+    with pytest.raises(GateError, match=r"max \|logit diff\| .* > 1e-12"):
+        export_onnx.run(cfg, built["student"], built["data"], tmp_path / "onnx")
+    assert not (tmp_path / "onnx").exists()
+
+
+# ---------------------------------------------------------------------------------------------- quantize
+
+
+def test_int8_variants_store_8_bit_weights_including_the_word_embeddings(built):
+    import onnx
+    from onnx import numpy_helper
+
+    report = json.loads((built["quantized"] / "quantize.json").read_text())
+    assert set(report["variants"]) == {"int8", "int8-optimized", "int4"}
+    naive = onnx.load(str(built["quantized"] / "int8" / "model.onnx"))
+    initializers = {i.name: i for i in naive.graph.initializer}
+    gathers = [n for n in naive.graph.node if n.op_type == "Gather" and n.input[0] in initializers]
+    word_embeddings = max(gathers, key=lambda n: numpy_helper.to_array(initializers[n.input[0]]).size)
+    # 8 bits: onnxruntime stores a quantized Gather table in its activation type (uint8 with a zero point).
+    assert initializers[word_embeddings.input[0]].data_type in (onnx.TensorProto.INT8, onnx.TensorProto.UINT8)
+    assert report["variants"]["int8-optimized"]["ops"].get("QAttention") == 2
+    assert report["variants"]["int4"]["ops"].get("MatMulNBits", 0) > 0
+    fp32_mb = json.loads((built["onnx_student"] / "export.json").read_text())["fp32"]["size_mb"]
+    assert report["variants"]["int8"]["size_mb"] < 0.6 * fp32_mb  # graph overhead weighs more in a tiny model
+    assert report["bundle_choice"] in ("int8", "int8-optimized")
+    assert set(report["variants"]["int8"]["latency_ms"]) == {"p50", "p90", "runs"}
+
+
+@pytest.mark.parametrize(
+    "target, per_channel, reduce_range",
+    [("x86-avx2", False, True), ("x86-vnni", False, False), ("arm64", True, False)],
+)
+def test_quantization_presets_per_target(target, per_channel, reduce_range):
+    cfg = tiny_config(export={"quantize": {"target": target}}).export.quantize
+    settings = quantize.quantization_settings(cfg)
+    assert (settings["per_channel"], settings["reduce_range"]) == (per_channel, reduce_range)
+    explicit = tiny_config(export={"quantize": {"target": target, "per_channel": not per_channel}}).export.quantize
+    assert quantize.quantization_settings(explicit)["per_channel"] is (not per_channel)
+
+
+def test_compressed_variants_are_gated_on_answer_agreement_and_f1(built, tmp_path):
+    cfg = tiny_config(export={"gates": {"min_answer_agreement": 1.0, "max_f1_drop": 0.0}, "quantize": {"int4": False}})
+    report = json.loads((built["quantized"] / "quantize.json").read_text())
+    if all(v["answer_agreement"] == 1.0 and v["f1_drop"] <= 0 for v in report["variants"].values()):
+        pytest.skip("every variant matched PyTorch exactly; no gate to miss")
+    with pytest.raises(GateError, match="answer_agreement|f1_drop"):
+        quantize.run(cfg, built["onnx_student"], built["student"], built["data"], tmp_path / "quantized")
+    assert not (tmp_path / "quantized").exists()
+
+
+# ------------------------------------------------------------------------------------------------ CoreML
+
+
+def test_coreml_packages_have_the_asked_interface_and_weight_storage(built):
+    report = json.loads((built["coreml"] / "coreml.json").read_text())
+    packages = report["packages"]
+    assert set(packages) == {"fp16", "int8", "4bit"}
+    for variant, package in packages.items():
+        assert package["deployment_target"] == "iOS18"
+        assert [i["name"] for i in package["inputs"]] == ["input_ids", "attention_mask"]
+        assert all(sorted(s[1] for s in i["enumerated_shapes"]) == [32, 64] for i in package["inputs"])
+        assert package["dev"]["f1_source"] == "pytorch-proxy"
+    assert packages["fp16"]["compressed_weight_ops"] == {}
+    assert packages["int8"]["compressed_weight_ops"]["constexpr_blockwise_shift_scale"] >= 11  # 9 linear + 2 tables
+    assert packages["4bit"]["compressed_weight_ops"]["constexpr_lut_to_dense"] >= 9
+    assert packages["4bit"]["size_mb"] < packages["int8"]["size_mb"] < packages["fp16"]["size_mb"]
+
+
+def test_coreml_wrapper_matches_the_model_and_its_fp16_mask_stays_finite(built):
+    import torch
+    from transformers import AutoModelForQuestionAnswering
+
+    for name in ("student", "teacher"):
+        model = AutoModelForQuestionAnswering.from_pretrained(built[name]).eval()
+        wrapped = export_coreml.load_wrapped(built[name], mask_input=True)
+        windows = mobile.QuestionAnswerer(built[f"onnx_{name}"] / "fp32" / "model.onnx", built[name] / "tokenizer.json",
+                                          max_seq_length=64, doc_stride=16).windows(dev_examples(built["data"])[:4])
+        ids, mask = torch.from_numpy(windows.input_ids), torch.from_numpy(windows.attention_mask)
+        inputs = {"input_ids": ids, "attention_mask": mask}
+        if name == "teacher":
+            inputs["token_type_ids"] = torch.from_numpy(windows.token_type_ids)
+        with torch.no_grad():
+            expected = model(**inputs).start_logits
+            got, _ = wrapped(ids.int(), mask.int())
+            half, _ = wrapped.half()(ids.int(), mask.int())
+        real = mask.bool()
+        assert torch.allclose(got[real], expected[real], atol=1e-4)
+        assert torch.isfinite(half).all()
+
+
+def test_pre_ios18_packages_take_input_ids_only_and_derive_the_mask(built, tmp_path):
+    cfg = tiny_config(export={"coreml": {"minimum_deployment_target": "iOS17", "sequence_lengths": [32, 64],
+                                         "variants": ["fp16"]}})
+    report = export_coreml.run(cfg, built["student"], None, tmp_path / "coreml")
+    package = report["packages"]["fp16"]
+    assert [i["name"] for i in package["inputs"]] == ["input_ids"] and package["deployment_target"] == "iOS17"
+
+
+def test_coreml_lengths_beyond_the_models_positions_are_refused_by_name(built, tmp_path):
+    from pipeline.config import ConfigError
+
+    cfg = tiny_config(export={"coreml": {"sequence_lengths": [64, 4096]}})
+    with pytest.raises(ConfigError, match=r"export.coreml.sequence_lengths: \[4096\]"):
+        export_coreml.run(cfg, built["student"], None, tmp_path / "coreml")
+
+
+@pytest.mark.skipif(sys.platform != "darwin", reason="CoreML prediction runs only on macOS")
+def test_coreml_prediction_matches_pytorch_on_macos(built):  # pragma: no cover - not on Linux CI
+    import coremltools as ct
+    import torch
+
+    wrapped = export_coreml.load_wrapped(built["student"], mask_input=True)
+    package = ct.models.MLModel(str(built["coreml"] / "fp16.mlpackage"))
+    ids = np.full((1, 32), 5, dtype=np.int32)
+    mask = np.ones((1, 32), dtype=np.int32)
+    out = package.predict({"input_ids": ids, "attention_mask": mask})
+    with torch.no_grad():
+        expected, _ = wrapped(torch.from_numpy(ids), torch.from_numpy(mask))
+    assert np.allclose(out["start_logits"], expected.numpy(), atol=5e-2)
+
+
+# ---------------------------------------------------------------------------------------- full size, small
+
+
+def test_reference_stage_runs_the_whole_path_on_a_small_stand_in(built, tmp_path, monkeypatch):
+    from transformers import DistilBertConfig, DistilBertForQuestionAnswering
+
+    def small_distilbert(out_dir, pretrained, seed):
+        model = DistilBertForQuestionAnswering(DistilBertConfig(vocab_size=300, dim=32, n_layers=2, n_heads=2,
+                                                                hidden_dim=64, max_position_embeddings=128))
+        model.save_pretrained(out_dir)
+        return model.num_parameters()
+
+    monkeypatch.setattr(reference, "save_distilbert", small_distilbert)
+    cfg = tiny_config(export={"reference": {"coreml_sequence_lengths": [32, 64]}})
+    report = reference.run(cfg, tmp_path / "reference")
+    assert report["fused_ops"]["Attention"] == 2
+    assert set(report["onnx_size_mb"]) == {"fp32", "optimized", "int8", "int8-optimized", "int4"}
+    assert report["coreml"]["4bit"]["compressed_weight_ops"]["constexpr_lut_to_dense"] == 2 * 6 + 1 + 2
+    assert report["goals"]["int8_onnx_mb"]["met"] and report["goals"]["coreml_4bit_mb"]["met"]
+
+
+# ------------------------------------------------------------------------------------------------ bundle
+
+
+def test_bundle_holds_the_contract_files_and_a_complete_manifest(built):
+    root = built["bundle"]
+    manifest = verify_manifest(root)
+    for name in ("model.int8.onnx", "model.int8.ort", "tokenizer.json", "vocab.txt", "qa_config.json", "README.md",
+                 "metrics.json"):
+        assert name in manifest["files"], name
+    assert any(name.startswith("coreml/4bit.mlpackage/") for name in manifest["files"])
+    assert {"onnxruntime", "coremltools", "torch"} <= manifest["library_versions"].keys()
+    config = json.loads((root / "qa_config.json").read_text())
+    assert [i["name"] for i in config["onnx"]["inputs"]] == ["input_ids", "attention_mask"]
+    assert config["coreml"]["sequence_lengths"] == [32, 64]
+    readme = (root / "README.md").read_text()
+    assert "Worked example" in readme and "doc_stride" in readme
+
+
+def test_the_ort_model_loads_back_and_answers_like_the_onnx_model(built):
+    examples = dev_examples(built["data"])
+    onnx_answers = mobile.QuestionAnswerer.from_bundle(built["bundle"]).predict(examples)
+    ort_answers = mobile.QuestionAnswerer.from_bundle(built["bundle"], model="model.int8.ort").predict(examples)
+    assert ort_answers == onnx_answers
+
+
+def test_answer_cli_needs_neither_torch_nor_transformers(built, tmp_path):
+    questions = tmp_path / "questions.json"
+    questions.write_text(json.dumps(dev_examples(built["data"])[:5]))
+    script = (
+        "import sys, runpy; sys.argv = ['pipeline', 'answer', '--bundle', sys.argv[1], '--json', sys.argv[2]];"
+        "from pipeline.__main__ import main; code = main(sys.argv[1:]);"
+        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'torch or transformers imported';"
+        "sys.exit(code)"
+    )
+    completed = subprocess.run([sys.executable, "-c", script, str(built["bundle"]), str(questions)],
+                               capture_output=True, text=True, cwd=PROJECT_ROOT)
+    assert completed.returncode == 0, completed.stderr
+    answers = json.loads(completed.stdout)
+    assert set(answers) == {e["id"] for e in dev_examples(built["data"])[:5]}
+
+
+def test_a_changed_or_truncated_bundle_file_is_refused_by_name(built, tmp_path):
+    copy = tmp_path / "bundle"
+    shutil.copytree(built["bundle"], copy)
+    model = copy / "model.int8.onnx"
+    model.write_bytes(model.read_bytes()[:-10])
+    with pytest.raises(mobile.BundleError, match="model.int8.onnx: .* bytes, the manifest says"):
+        mobile.QuestionAnswerer.from_bundle(copy)
+    completed = subprocess.run(
+        [sys.executable, "-m", "pipeline", "answer", "--bundle", str(copy), "--question", "Who?", "--context", "Me."],
+        capture_output=True, text=True, cwd=PROJECT_ROOT)
+    assert completed.returncode == 2 and "model.int8.onnx" in completed.stderr

@@ -1,0 +1,90 @@
+"""The torch-free answerer: its windows equal the training code's, token for token and offset for offset."""
+
+import json
+
+import numpy as np
+import pytest
+from transformers import AutoTokenizer
+
+from pipeline import mobile, squad
+from pipeline.config import SquadConfig
+from pipeline.data import load_squad
+from pipeline.stages import prepare_data, tokenizer
+from tests.stage_fixtures import tiny_config
+
+HARD_CONTEXTS = [
+    ("accents", "Où est Zoë?", "Zoë Müller vécut à Köln, São Paulo et Reykjavík; elle naquit en 1901."),
+    ("punctuation", "What did (she) say?", 'She said: "Hello—world!" … then left (quickly), didn\'t she?  Yes.'),
+    ("cjk", "東京はどこ?", "東京は日本の首都です。The capital is 東京 (Tokyo), population 14,000,000."),
+    ("long", "Where did the river flow?", " ".join(f"Sentence {i} says the river flowed past town {i}." for i in range(80))),
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mobile")
+    cfg = tiny_config()
+    prepare_data.run(cfg, root / "data")
+    tokenizer.run(cfg, root / "data", root / "tokenizer")
+    return root
+
+
+def training_windows(examples, tokenizer_path, squad_cfg):
+    """The dev windows as the training stages build them (transformers + pipeline.squad)."""
+    hf_tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+    columns = {key: [e[key] for e in examples] for key in ("id", "question", "context")}
+    return squad.prepare_validation_features(columns, hf_tokenizer, squad_cfg.max_seq_length, squad_cfg.doc_stride)
+
+
+class WindowsOnly(mobile.QuestionAnswerer):
+    """The answerer's tokenization without an ONNX session."""
+
+    def __init__(self, tokenizer_path, max_seq_length, doc_stride):
+        self.max_seq_length, self.doc_stride = max_seq_length, doc_stride
+        self._load_tokenizer(tokenizer_path / "tokenizer.json")
+
+
+def assert_same_windows(examples, tokenizer_path, squad_cfg):
+    expected = training_windows(examples, tokenizer_path, squad_cfg)
+    got = WindowsOnly(tokenizer_path, squad_cfg.max_seq_length, squad_cfg.doc_stride).windows(examples)
+    assert got.example_ids == expected["example_id"]
+    np.testing.assert_array_equal(got.input_ids, np.array(expected["input_ids"]))
+    np.testing.assert_array_equal(got.attention_mask, np.array(expected["attention_mask"]))
+    np.testing.assert_array_equal(got.token_type_ids, np.array(expected["token_type_ids"]))
+    expected_offsets = [[tuple(o) if o is not None else None for o in window] for window in expected["offset_mapping"]]
+    assert got.context_offsets == expected_offsets
+    return got
+
+
+def test_windows_match_the_training_code_on_every_dev_context(tokenizer_dir):
+    dev, _ = load_squad(str(tokenizer_dir / "data" / "dev.jsonl"))
+    examples = [{"id": i, "question": q, "context": c} for i, q, c in zip(dev["id"], dev["question"], dev["context"])]
+    assert_same_windows(examples, tokenizer_dir / "tokenizer", SquadConfig(max_seq_length=64, doc_stride=16))
+
+
+def test_windows_match_on_accents_punctuation_cjk_and_long_contexts(tokenizer_dir):
+    examples = [{"id": name, "question": q, "context": c} for name, q, c in HARD_CONTEXTS]
+    windows = assert_same_windows(examples, tokenizer_dir / "tokenizer", SquadConfig(max_seq_length=64, doc_stride=16))
+    assert windows.example_ids.count("long") > 3
+
+
+def test_windows_match_on_real_squad_paragraphs(tokenizer_dir, squad2_dev_sample):
+    data = json.loads(squad2_dev_sample.read_text())
+    examples = [{"id": qa["id"], "question": qa["question"], "context": paragraph["context"]}
+                for article in data["data"] for paragraph in article["paragraphs"][:3] for qa in paragraph["qas"][:4]]
+    assert_same_windows(examples, tokenizer_dir / "tokenizer", SquadConfig(max_seq_length=160, doc_stride=32))
+
+
+def test_a_question_too_long_for_the_window_is_refused_by_id(tokenizer_dir):
+    answerer = WindowsOnly(tokenizer_dir / "tokenizer", 16, 4)
+    with pytest.raises(mobile.BundleError, match="question 'q7'.*too long"):
+        answerer.windows([{"id": "q7", "question": "who " * 40, "context": "nobody at all"}])
+
+
+def test_question_files_are_validated_with_the_record_named(tmp_path):
+    path = tmp_path / "questions.json"
+    path.write_text(json.dumps([{"id": "a", "question": "Who?", "context": "Me."}, {"id": "b", "question": 3}]))
+    with pytest.raises(mobile.BundleError, match="question 1: field 'question' must be a string"):
+        mobile.read_questions(path)
+    path.write_text(json.dumps({"data": [{"paragraphs": [{"context": "Me.", "qas": [{"id": "x", "question": "Who?"}]}]}]}))
+    assert mobile.read_questions(path) == [{"id": "x", "question": "Who?", "context": "Me."}]
