@@ -326,6 +326,11 @@ class QuantizeConfig:
     latency_runs: int = option(
         20, "Timed runs per int8 variant (after warm-up) when choosing the bundle's fastest passing one.", minimum=5
     )
+    latency_tie_fraction: float = option(
+        0.05,
+        "Median latencies closer than this fraction count as a tie, broken by the smaller file: the bundle then "
+        "does not change with timing noise between builds.", minimum=0.0, maximum=1.0,
+    )
 
 
 @dataclass

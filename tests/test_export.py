@@ -280,3 +280,15 @@ def test_a_changed_or_truncated_bundle_file_is_refused_by_name(built, tmp_path):
         [sys.executable, "-m", "pipeline", "answer", "--bundle", str(copy), "--question", "Who?", "--context", "Me."],
         capture_output=True, text=True, cwd=PROJECT_ROOT)
     assert completed.returncode == 2 and "model.int8.onnx" in completed.stderr
+
+
+def variant(p50, size_mb, passed=True):
+    return {"latency_ms": {"p50": p50}, "size_mb": size_mb, "passed": passed}
+
+
+def test_the_bundle_takes_the_fastest_passing_variant_and_breaks_near_ties_by_size():
+    choose = quantize.choose_bundle_variant
+    assert choose({"int8": variant(10.0, 5), "int8-optimized": variant(8.0, 6)}, 0.05)[:2] == ("int8-optimized", "int8")
+    assert choose({"int8": variant(10.0, 5), "int8-optimized": variant(9.8, 6)}, 0.05)[:2] == ("int8", "int8-optimized")
+    assert choose({"int8": variant(10.0, 5), "int8-optimized": variant(1.0, 6, passed=False)}, 0.05)[:2] == ("int8", None)
+    assert choose({"int8": variant(1.0, 5, False), "int8-optimized": variant(1.0, 6, False)}, 0.05)[0] is None

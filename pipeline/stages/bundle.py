@@ -43,6 +43,14 @@ from pipeline.gates import GateError, compressed_model_report, raise_for_failure
 logger = logging.getLogger(__name__)
 
 ONNX_NAME, ORT_NAME = "model.int8.onnx", "model.int8.ort"
+COREML_WEIGHTS = {"fp16": "float16 weights", "int8": "int8 weights (per channel, symmetric)",
+                  "4bit": "4-bit palettized weights (k-means lookup tables)"}
+
+
+def coreml_weights(variant: str, cfg: PipelineConfig) -> str:
+    if variant == "4bit" and not cfg.export.coreml.palettize_embeddings:
+        return COREML_WEIGHTS[variant] + " in the linear layers, float16 embedding tables"
+    return COREML_WEIGHTS[variant]
 LIBRARIES = ("onnxruntime", "onnx", "optimum", "optimum-onnx", "transformers", "tokenizers", "torch", "coremltools",
              "numpy")
 
@@ -83,7 +91,9 @@ def qa_config(cfg: PipelineConfig, answerer: mobile.QuestionAnswerer, coreml: di
             "file": "tokenizer.json",
             "vocab": "vocab.txt",
             "lowercase": bool(tokenizer_config.get("do_lower_case", True)),
-            "strip_accents": tokenizer_config.get("strip_accents"),
+            # BERT's rule: unset strip_accents follows lower-casing.
+            "strip_accents": bool(tokenizer_config.get("strip_accents") if tokenizer_config.get("strip_accents")
+                                  is not None else tokenizer_config.get("do_lower_case", True)),
             "special_tokens": {name: {"token": token, "id": answerer.tokenizer.token_to_id(token)}
                                for name, token in (("cls", "[CLS]"), ("sep", "[SEP]"), ("pad", "[PAD]"),
                                                    ("unk", "[UNK]"))},
@@ -98,6 +108,7 @@ def qa_config(cfg: PipelineConfig, answerer: mobile.QuestionAnswerer, coreml: di
             "minimum_deployment_target": coreml["minimum_deployment_target"],
             "sequence_lengths": coreml["sequence_lengths"],
             "models": {variant: f"coreml/{package['path']}" for variant, package in coreml["packages"].items()},
+            "weights": {variant: coreml_weights(variant, cfg) for variant in coreml["packages"]},
             "inputs": next(iter(coreml["packages"].values()))["inputs"] if coreml["packages"] else [],
             "outputs": next(iter(coreml["packages"].values()))["outputs"] if coreml["packages"] else [],
         },
@@ -112,7 +123,7 @@ def worked_example(answerer: mobile.QuestionAnswerer, example: dict) -> dict:
         "question": example["question"],
         "context": example["context"],
         "n_windows": len(windows),
-        "first_window_tokens": answerer.tokenizer.decode(first, skip_special_tokens=False).split()[:24],
+        "first_window_tokens": [answerer.tokenizer.id_to_token(token_id) for token_id in first[:24]],
         "first_window_ids": first[:24],
         "answer": result,
     }
@@ -130,9 +141,9 @@ Everything here runs on the device; `manifest.json` lists the sha256 of every fi
 
 | file | what it is | size |
 |---|---|---|
-| `{ONNX_NAME}` | ONNX int8 ({metrics['onnx_variant']}), for onnxruntime (desktop, web, React Native) | {metrics['onnx_size_mb']} MB |
-| `{ORT_NAME}` | the same graph in ORT format, for ONNX Runtime Mobile (Android, iOS) | {metrics['ort_size_mb']} MB |
-{''.join(f"| `{path}` | CoreML mlprogram, {variant} weights, {config['coreml']['minimum_deployment_target']}+ | {metrics['coreml_size_mb'][variant]} MB |" + chr(10) for variant, path in config['coreml']['models'].items())}| `tokenizer.json`, `vocab.txt` | BERT WordPiece tokenizer (lower-case: {config['tokenizer']['lowercase']}) | |
+| `{ONNX_NAME}` | ONNX, 8-bit weights, for onnxruntime (desktop, web, React Native); the `{metrics['onnx_variant']}` variant, chosen by {metrics['onnx_decided_by']} | {metrics['onnx_size_mb']} MB |
+| `{ORT_NAME}` | the same graph in ORT format, for ONNX Runtime Mobile (Android, iOS); `model.int8.required_operators.config` lists its operators for a reduced-size runtime build | {metrics['ort_size_mb']} MB |
+{''.join(f"| `{path}` | CoreML mlprogram, {config['coreml']['weights'][variant]}, {config['coreml']['minimum_deployment_target']}+ | {metrics['coreml_size_mb'][variant]} MB |" + chr(10) for variant, path in config['coreml']['models'].items())}| `tokenizer.json`, `vocab.txt` | BERT WordPiece tokenizer (lower-case: {config['tokenizer']['lowercase']}, strip accents: {config['tokenizer']['strip_accents']}) | |
 | `qa_config.json` | every setting below, machine-readable | |
 
 Dev set of this build ({metrics['n_questions']} questions): exact match {metrics['exact_match']}, F1 {metrics['f1']}
@@ -221,6 +232,7 @@ def run(cfg: PipelineConfig, quantized_dir: Path, coreml_dir: Path, model_dir: P
         metrics = {
             "onnx_variant": choice,
             "onnx_runner_up": quantized["runner_up"],
+            "onnx_decided_by": quantized["decided_by"],
             "onnx_size_mb": megabytes(directory_size_bytes(tmp / ONNX_NAME)),
             "ort_size_mb": megabytes(directory_size_bytes(ort_path)),
             "coreml_size_mb": {variant: megabytes(directory_size_bytes(tmp / "coreml" / package["path"]))

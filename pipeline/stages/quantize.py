@@ -105,6 +105,23 @@ def copy_side_files(source_dir: Path, target_dir: Path) -> None:
             shutil.copy(path, target_dir / path.name)
 
 
+def choose_bundle_variant(variants: dict, tie_fraction: float) -> tuple[str | None, str | None, str]:
+    """The fastest int8 variant that passed its gates, and the runner-up; near-equal medians go to the smaller file."""
+    passing = sorted((name for name in INT8_VARIANTS if variants[name]["passed"]),
+                     key=lambda name: variants[name]["latency_ms"]["p50"])
+    if not passing:
+        return None, None, "no int8 variant passed its gates"
+    if len(passing) == 1:
+        return passing[0], None, "the only int8 variant that passed its gates"
+    fastest, second = passing[0], passing[1]
+    fast_ms, second_ms = variants[fastest]["latency_ms"]["p50"], variants[second]["latency_ms"]["p50"]
+    if second_ms - fast_ms > tie_fraction * fast_ms:
+        return fastest, second, f"latency: p50 {fast_ms} ms vs {second_ms} ms"
+    smaller, larger = sorted((fastest, second), key=lambda name: variants[name]["size_mb"])
+    return smaller, larger, (f"size: p50 {fast_ms} ms vs {second_ms} ms is within {tie_fraction:.0%}, so the smaller "
+                             f"file ({variants[smaller]['size_mb']} MB vs {variants[larger]['size_mb']} MB)")
+
+
 def run(cfg: PipelineConfig, onnx_dir: Path, model_dir: Path, data_dir: Path, out_dir: Path, threads: int = 1) -> dict:
     from pipeline.data import load_squad
 
@@ -151,8 +168,7 @@ def run(cfg: PipelineConfig, onnx_dir: Path, model_dir: Path, data_dir: Path, ou
                                   vocab_size, threads=1, runs=qcfg.latency_runs)
         for name, timing in timings.items():
             variants[name]["latency_ms"] = timing
-        passing = sorted((name for name in INT8_VARIANTS if variants[name]["passed"]),
-                         key=lambda name: variants[name]["latency_ms"]["p50"])
+        choice, runner_up, decided_by = choose_bundle_variant(variants, qcfg.latency_tie_fraction)
         metrics = {
             "settings": settings,
             "cpu": cpu_description(),
@@ -160,8 +176,9 @@ def run(cfg: PipelineConfig, onnx_dir: Path, model_dir: Path, data_dir: Path, ou
                        "runs": qcfg.latency_runs},
             "pytorch_f1": pytorch_f1,
             "variants": variants,
-            "bundle_choice": passing[0] if passing else None,
-            "runner_up": passing[1] if len(passing) > 1 else None,
+            "bundle_choice": choice,
+            "runner_up": runner_up,
+            "decided_by": decided_by,
         }
         atomic_write_json(tmp / "quantize.json", metrics)
         raise_for_failures(reports, str(out_dir))
