@@ -52,7 +52,7 @@ rule all:
         f"{ROOT}/distill_squad",
         f"{ROOT}/student_finetune",
         expand(f"{ROOT}/{{kind}}/{{model}}", kind=["onnx", "quantized", "coreml"], model=list(EXPORTED_MODELS)),
-        [f"{ROOT}/reference/distilbert"] if CFG.export.reference.distilbert else [],
+        expand(f"{ROOT}/reference/{{architecture}}", architecture=CFG.export.reference.architectures),
         f"{ROOT}/bundle",
 
 
@@ -353,23 +353,25 @@ rule export_coreml:
 rule export_reference:
     input:
         code=code("stages/reference", "stages/export_onnx", "stages/quantize", "stages/export_coreml", "mobile",
-                  "gates"),
+                  "gates", "qa", "squad", "latency", "data"),
     output:
-        directory(f"{ROOT}/reference/distilbert"),
+        directory(f"{ROOT}/reference/{{architecture}}"),
+    wildcard_constraints:
+        architecture="distilbert|bert-base",
     params:
         python=PYTHON,
         cfg=stage_config(*EXPORT_SECTIONS),
     log:
-        f"{ROOT}/logs/export_reference.log",
+        f"{ROOT}/logs/export_reference_{{architecture}}.log",
     benchmark:
-        f"{ROOT}/benchmarks/export_reference.tsv"
+        f"{ROOT}/benchmarks/export_reference_{{architecture}}.tsv"
     threads: 1
     resources:
         mem_mb=CFG.compute.training_mem_mb,
         gpu=0,
     shell:
         "OMP_NUM_THREADS={threads} {params.python:q} -m pipeline export-reference --config-json {params.cfg:q}"
-        " --out-dir {output:q} > {log:q} 2>&1"
+        " --architecture {wildcards.architecture:q} --out-dir {output:q} > {log:q} 2>&1"
 
 
 rule bundle:

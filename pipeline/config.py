@@ -368,6 +368,11 @@ class CoreMLConfig:
             raise ConfigError(f"export.coreml.sequence_lengths: {self.sequence_lengths} lists a length twice")
         if len(set(self.variants)) != len(self.variants):
             raise ConfigError(f"export.coreml.variants: {self.variants} lists a variant twice")
+        if self.minimum_deployment_target != "iOS18" and self.palettization_granularity != "per_tensor":
+            raise ConfigError(
+                f"export.coreml.palettization_granularity: {self.palettization_granularity} needs "
+                f"minimum_deployment_target iOS18 (earlier targets take one lookup table per tensor)"
+            )
 
 
 @dataclass
@@ -393,10 +398,17 @@ class GatesConfig:
 class ReferenceConfig:
     """Full-size architectures run through the same export path: what the 207 MB figure is about."""
 
-    distilbert: bool = option(True, "Export the full-size DistilBERT architecture (6 x 768).")
+    architectures: list[Literal["distilbert", "bert-base"]] = option(
+        ["distilbert", "bert-base"],
+        "Full-size architectures exported and benchmarked: distilbert (6 x 768: ONNX, int8, 4-bit and CoreML) and "
+        "bert-base (12 x 768: ONNX and int8, the speed baseline). Empty: none.",
+    )
     distilbert_pretrained: str | None = option(
-        None, "Hub name or directory of its weights (e.g. 'distilbert-base-uncased-distilled-squad'); null: random "
-        "weights (sizes and latency do not depend on the values).",
+        None, "Hub name or directory of DistilBERT QA weights (e.g. 'distilbert-base-uncased-distilled-squad'); "
+        "null: random weights (sizes and latency do not depend on the values).",
+    )
+    bert_base_pretrained: str | None = option(
+        None, "Hub name or directory of BERT-base QA weights; null: random weights.",
     )
     coreml_sequence_lengths: list[int] = option(
         [128, 256, 384], "CoreML enumerated lengths of the full-size packages (DistilBERT has 512 positions)."
@@ -414,6 +426,31 @@ class ExportConfig:
     coreml: CoreMLConfig = section(CoreMLConfig, "CoreML conversion.")
     gates: GatesConfig = section(GatesConfig, "Accuracy gates of every export.")
     reference: ReferenceConfig = section(ReferenceConfig, "Full-size reference architectures.")
+
+
+@dataclass
+class BenchmarkConfig:
+    """Latency and memory of every artifact on this machine (rule benchmark), and the report (rule report)."""
+
+    sequence_lengths: list[int] = option(
+        [128, 384], "Input lengths timed (batch 1, every token attended). Longer than a model's positions: null."
+    )
+    threads: list[int] = option([1, 2], "Intra-op thread counts timed (pinned in onnxruntime and torch).")
+    runs: int = option(20, "Timed runs per artifact, length and thread count, after warm-up.", minimum=1)
+    warmup: int = option(3, "Untimed runs first (allocations, kernel selection).", minimum=0)
+    profile_runs: int = option(5, "Runs under onnxruntime's profiler for the per-op breakdown of the int8 graphs.",
+                               minimum=1)
+    timed_references: list[str] = option(
+        ["bert-base/pytorch-fp32", "bert-base/onnx-int8-optimized", "distilbert/pytorch-fp32", "distilbert/onnx-fp32",
+         "distilbert/onnx-int8", "distilbert/onnx-int8-optimized"],
+        "Full-size reference artifacts that are timed (each takes tens of seconds); the others get sizes only.",
+    )
+
+    def __post_init__(self) -> None:
+        if not self.sequence_lengths or min(self.sequence_lengths) < 8:
+            raise ConfigError(f"benchmark.sequence_lengths: {self.sequence_lengths} needs lengths of at least 8")
+        if not self.threads or min(self.threads) < 1:
+            raise ConfigError(f"benchmark.threads: {self.threads} needs thread counts of at least 1")
 
 
 @dataclass
@@ -439,7 +476,16 @@ class PipelineConfig:
     distill_pretrain: DistillPretrainConfig = section(DistillPretrainConfig, "Pretraining distillation.")
     distill_squad: DistillSquadConfig = section(DistillSquadConfig, "SQuAD distillation (second step).")
     export: ExportConfig = section(ExportConfig, "ONNX / CoreML export, quantization, gates and the app bundle.")
+    benchmark: BenchmarkConfig = section(BenchmarkConfig, "Size, accuracy, latency and memory of every artifact.")
     compute: ComputeConfig = section(ComputeConfig, "Scheduler resources per rule.")
+
+    def __post_init__(self) -> None:
+        lengths = self.export.coreml.sequence_lengths
+        if max(lengths) < self.squad.max_seq_length:
+            raise ConfigError(
+                f"export.coreml.sequence_lengths: the longest, {max(lengths)}, is shorter than squad.max_seq_length "
+                f"{self.squad.max_seq_length}; the CoreML packages could not take a full window"
+            )
 
 
 # ---------------------------------------------------------------------------------------------------------------

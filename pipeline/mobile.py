@@ -142,11 +142,12 @@ class QuestionAnswerer:
         return Windows(example_ids, input_ids, attention_mask, token_type_ids, offsets)
 
     def _encode(self, question: str, context: str, example_id: str):
-        # Each window must hold the question, the special tokens and more context than the stride shares, or
-        # tokenizers cannot window it (it panics): refuse such a question up front, by id.
+        # A context cut into windows needs room for more context than the stride shares, or tokenizers cannot
+        # window it (it panics): refuse such a question up front, by id. A pair that fits in one window is fine.
         question_tokens = len(self.question_tokenizer.encode(question, add_special_tokens=False).ids)
         room = self.max_seq_length - question_tokens - self.tokenizer.num_special_tokens_to_add(is_pair=True)
-        if room <= self.doc_stride:
+        context_tokens = len(self.question_tokenizer.encode(context, add_special_tokens=False).ids)
+        if room <= self.doc_stride and context_tokens > room:
             raise BundleError(
                 f"question {example_id!r}: {question_tokens} tokens leave {room} for the context in a window of "
                 f"{self.max_seq_length}, not more than doc_stride {self.doc_stride}; the question is too long"
@@ -176,7 +177,7 @@ class QuestionAnswerer:
     def answer(self, question: str, context: str, n_best: int = 5) -> dict[str, Any]:
         """One question: {"answer", "start", "end", "score", "n_best": [...]} (start/end are character offsets)."""
         candidates = self.n_best([{"id": "q", "question": question, "context": context}])["q"]
-        best = candidates[0] if candidates else {"text": "", "start": 0, "end": 0, "score": float("-inf")}
+        best = candidates[0] if candidates else {"text": "", "start": 0, "end": 0, "score": None}
         return {"answer": best["text"], "start": best["start"], "end": best["end"], "score": best["score"],
                 "n_best": candidates[:n_best]}
 

@@ -16,6 +16,7 @@ HARD_CONTEXTS = [
     ("accents", "Où est Zoë?", "Zoë Müller vécut à Köln, São Paulo et Reykjavík; elle naquit en 1901."),
     ("punctuation", "What did (she) say?", 'She said: "Hello—world!" … then left (quickly), didn\'t she?  Yes.'),
     ("cjk", "東京はどこ?", "東京は日本の首都です。The capital is 東京 (Tokyo), population 14,000,000."),
+    ("leading spaces", "   Where is it?", "It is in Köln."),
     ("long", "Where did the river flow?", " ".join(f"Sentence {i} says the river flowed past town {i}." for i in range(80))),
 ]
 
@@ -79,6 +80,12 @@ def test_a_question_too_long_for_the_window_is_refused_by_id(tokenizer_dir):
     answerer = WindowsOnly(tokenizer_dir / "tokenizer", 16, 4)
     with pytest.raises(mobile.BundleError, match="question 'q7'.*too long"):
         answerer.windows([{"id": "q7", "question": "who " * 40, "context": "nobody at all"}])
+
+
+def test_a_long_question_with_a_context_that_fits_in_one_window_is_answered(tokenizer_dir):
+    answerer = WindowsOnly(tokenizer_dir / "tokenizer", 32, 16)
+    windows = answerer.windows([{"id": "q", "question": "  who " * 20, "context": "nobody"}])
+    assert len(windows) == 1 and windows.attention_mask.sum() <= 32
 
 
 def test_question_files_are_validated_with_the_record_named(tmp_path):

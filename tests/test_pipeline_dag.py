@@ -101,10 +101,13 @@ def test_the_bundle_answers_dev_questions_like_the_pytorch_student_without_torch
                str(dag_outputs / "data" / "dev.json"), "--out", str(out)]
     subprocess.run(command, capture_output=True, text=True, cwd=PROJECT_ROOT, check=True)
     answers = json.loads(out.read_text())
-    fp32 = json.loads((dag_outputs / "onnx" / "student" / "fp32" / "predictions.json").read_text())
     pytorch = json.loads((dag_outputs / "distill_squad" / "predictions.json").read_text())
     assert answers.keys() == pytorch.keys()
+    # The bundled graph is the chosen int8 variant: the CLI gives exactly the answers quantize_onnx scored.
+    choice = json.loads((dag_outputs / "quantized" / "student" / "quantize.json").read_text())["bundle_choice"]
+    assert answers == json.loads((dag_outputs / "quantized" / "student" / choice / "predictions.json").read_text())
     # The fp32 graph through the same torch-free answerer gives PyTorch's answers (the export_onnx gate).
+    fp32 = json.loads((dag_outputs / "onnx" / "student" / "fp32" / "predictions.json").read_text())
     assert sum(fp32[k] == pytorch[k] for k in pytorch) / len(pytorch) >= 0.99
 
 

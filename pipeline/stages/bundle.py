@@ -218,13 +218,13 @@ def run(cfg: PipelineConfig, quantized_dir: Path, coreml_dir: Path, model_dir: P
                         n_best_size=cfg.squad.n_best_size, max_answer_length=cfg.squad.max_answer_length)
         reports, predictions = [], {}
         for name, path in (("onnx", tmp / ONNX_NAME), ("ort", ort_path)):
-            answerer = mobile.QuestionAnswerer(path, tmp / "tokenizer.json", **settings)
+            answerer = mobile.QuestionAnswerer(path, tmp / "tokenizer.json", threads=1, **settings)
             predictions[name] = answerer.predict(examples)
             reports.append(compressed_model_report(f"{out_dir}/{path.name}", predictions[name], pytorch_predictions,
                                                    gold, pytorch_f1, cfg.export.gates.min_answer_agreement,
                                                    cfg.export.gates.max_f1_drop))
         raise_for_failures(reports, str(out_dir))
-        answerer = mobile.QuestionAnswerer(tmp / ONNX_NAME, tmp / "tokenizer.json", **settings)
+        answerer = mobile.QuestionAnswerer(tmp / ONNX_NAME, tmp / "tokenizer.json", threads=1, **settings)
         tokenizer_config = read_json(source / "tokenizer_config.json") if (source / "tokenizer_config.json").is_file() else {}
         config = qa_config(cfg, answerer, coreml, tokenizer_config)
         atomic_write_json(tmp / "qa_config.json", config)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -259,7 +258,6 @@ def run(cfg: PipelineConfig, model_dir: Path, data_dir: Path | None, out_dir: Pa
             "minimum_deployment_target": ccfg.minimum_deployment_target,
             "sequence_lengths": sorted(ccfg.sequence_lengths),
             "masked_score": MASKED_SCORE,
-            "prediction_checked_here": sys.platform == "darwin",
             "packages": packages,
         }
         atomic_write_json(tmp / "coreml.json", metrics)

@@ -5,10 +5,10 @@ Outputs, under the model's folder:
               axes; start_logits, end_logits) with config and tokenizer: loads in ORTModelForQuestionAnswering.
   optimized/  the same graph after onnxruntime.transformers' BERT fusions (Attention, SkipLayerNormalization,
               EmbedLayerNormalization, BiasGelu), same layout.
-  export.json fused-op counts, sizes, dev scores of the fp32 graph through the torch-free answerer.
+  export.json fused-op counts, sizes, dev scores of both graphs through the torch-free answerer.
   parity.json largest |logit difference| against PyTorch on every dev window.
-Gates (export.gates): both graphs within max_abs_logit_diff of PyTorch; the fp32 graph, answered by the torch-free
-answerer (pipeline/mobile.py), gives PyTorch's answer on min_reference_agreement of dev questions. Fusions fail
+Gates (export.gates): both graphs within max_abs_logit_diff of PyTorch, and, answered by the torch-free answerer
+(pipeline/mobile.py), giving PyTorch's answer on min_reference_agreement of dev questions. Fusions fail
 silently when the exported graph's pattern changes, so the rule also fails unless there is one Attention per
 layer and one SkipLayerNormalization per sublayer (two per layer).
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import mobile, qa
+from pipeline import mobile, qa, squad
 from pipeline.artifacts import atomic_output_dir, atomic_write_json, directory_size_bytes, megabytes, read_json, setup_logging
 from pipeline.config import PipelineConfig, config_from_json
 from pipeline.gates import GateError, answer_agreement, logit_parity_report, raise_for_failures
@@ -82,7 +82,9 @@ def max_logit_difference(onnx_path: Path, windows: mobile.Windows, torch_start, 
     """Largest |ONNX - PyTorch| over start and end logits at every real (unpadded) window position."""
     import onnxruntime
 
-    session = onnxruntime.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = 1  # onnxruntime ignores OMP_NUM_THREADS; the rule has one thread
+    session = onnxruntime.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
     onnx_start, onnx_end = mobile.window_logits(session, windows, batch_size)
     real = windows.attention_mask.astype(bool)
     return float(max(np.abs(onnx_start - torch_start)[real].max(), np.abs(onnx_end - torch_end)[real].max()))
@@ -132,34 +134,34 @@ def run(cfg: PipelineConfig, model_dir: Path, data_dir: Path, out_dir: Path) -> 
         atomic_write_json(tmp / "parity.json", {"pytorch_model": str(model_dir), "reports": parity})
         raise_for_failures(parity, str(out_dir))
 
-        # The fp32 graph through the torch-free answerer: its own tokenization, windows and n-best.
-        answerer = mobile.QuestionAnswerer(
-            tmp / "fp32" / MODEL_FILE, tmp / "fp32" / "tokenizer.json", max_seq_length=cfg.squad.max_seq_length,
-            doc_stride=cfg.squad.doc_stride, n_best_size=cfg.squad.n_best_size,
-            max_answer_length=cfg.squad.max_answer_length,
-        )
+        # Both graphs through the torch-free answerer: its own tokenization, windows and n-best.
         examples = [{"id": i, "question": q, "context": c} for i, q, c in zip(dev["id"], dev["question"], dev["context"])]
-        onnx_predictions = answerer.predict(examples)
-        agreement = answer_agreement(onnx_predictions, pytorch_predictions)
         gold = {example_id: answers["text"] for example_id, answers in zip(dev["id"], dev["answers"])}
-        from pipeline import squad
-
-        scores = squad.squad_v1_scores(gold, onnx_predictions)
-        if agreement < gates.min_reference_agreement:
-            raise GateError(f"{out_dir}/fp32: the torch-free answerer gave PyTorch's answer on {agreement:.2%} of dev "
-                            f"questions (needs >= {gates.min_reference_agreement:.0%})")
-        atomic_write_json(tmp / "fp32" / "predictions.json", onnx_predictions)
+        dev_scores = {}
+        for variant in ("fp32", "optimized"):
+            answerer = mobile.QuestionAnswerer(
+                tmp / variant / MODEL_FILE, tmp / variant / "tokenizer.json", max_seq_length=cfg.squad.max_seq_length,
+                doc_stride=cfg.squad.doc_stride, n_best_size=cfg.squad.n_best_size,
+                max_answer_length=cfg.squad.max_answer_length, threads=1,
+            )
+            predictions = answerer.predict(examples)
+            agreement = answer_agreement(predictions, pytorch_predictions)
+            if agreement < gates.min_reference_agreement:
+                raise GateError(f"{out_dir}/{variant}: the torch-free answerer gave PyTorch's answer on {agreement:.2%} "
+                                f"of dev questions (needs >= {gates.min_reference_agreement:.0%})")
+            scores = squad.squad_v1_scores(gold, predictions)
+            dev_scores[variant] = {"exact_match": round(scores["exact_match"], 3), "f1": round(scores["f1"], 3),
+                                   "answer_agreement_with_pytorch": round(agreement, 4)}
+            atomic_write_json(tmp / variant / "predictions.json", predictions)
         metrics = {
             "model_dir": str(model_dir),
             "n_layers": n_layers,
             "opset": cfg.export.opset,
             "inputs": [i.name for i in answerer.session.get_inputs()],
             "outputs": [o.name for o in answerer.session.get_outputs()],
-            "fp32": {"size_mb": megabytes(directory_size_bytes(tmp / "fp32" / MODEL_FILE)),
-                     "exact_match": round(scores["exact_match"], 3), "f1": round(scores["f1"], 3),
-                     "answer_agreement_with_pytorch": round(agreement, 4)},
+            "fp32": {"size_mb": megabytes(directory_size_bytes(tmp / "fp32" / MODEL_FILE)), **dev_scores["fp32"]},
             "optimized": {"size_mb": megabytes(directory_size_bytes(tmp / "optimized" / MODEL_FILE)),
-                          "fused_ops": fused_ops},
+                          **dev_scores["optimized"], "fused_ops": fused_ops},
             "pytorch": {"exact_match": pytorch_metrics["exact_match"], "f1": pytorch_metrics["f1"]},
             "parity": {report["name"]: report["max_abs_logit_diff"] for report in parity},
         }

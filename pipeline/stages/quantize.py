@@ -163,7 +163,7 @@ def run(cfg: PipelineConfig, onnx_dir: Path, model_dir: Path, data_dir: Path, ou
                 **{k: report[k] for k in ("exact_match", "f1", "f1_drop", "answer_agreement", "gates", "passed")},
                 **weight_storage(tmp / name / MODEL_FILE),
             }
-        # Timed before the gates are enforced, so a failing run still records how fast each variant was.
+        # Timed before the gates are enforced, so a failing run's log still says how fast each variant was.
         timings = compare_latency({name: tmp / name / MODEL_FILE for name in variants}, cfg.squad.max_seq_length,
                                   vocab_size, threads=1, runs=qcfg.latency_runs)
         for name, timing in timings.items():
@@ -181,8 +181,8 @@ def run(cfg: PipelineConfig, onnx_dir: Path, model_dir: Path, data_dir: Path, ou
             "decided_by": decided_by,
         }
         atomic_write_json(tmp / "quantize.json", metrics)
+        logger.info("quantize_onnx %s: %s", onnx_dir, json.dumps(metrics))
         raise_for_failures(reports, str(out_dir))
-    logger.info("quantize_onnx %s: %s", onnx_dir, json.dumps(metrics))
     return metrics
 
 

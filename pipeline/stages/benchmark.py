@@ -1,0 +1,345 @@
+"""Stage benchmark: size, dev accuracy, latency and peak memory of every artifact, measured on this machine.
+
+Artifacts: every model the pipeline exported (PyTorch fp32 as the baseline, ONNX fp32 / fused / int8 / 4-bit,
+the bundle's .ort, CoreML packages) and the full-size reference architectures (export_reference).
+- size: bytes on disk (MB = 10^6 bytes; an .mlpackage counts every file in it).
+- dev exact match / F1: as the export stages measured them (ONNX through onnxruntime with the torch-free
+  answerer, PyTorch from training, CoreML from its PyTorch-side proxy); null for random-weight references.
+- latency: batch 1, every configured length and thread count, p50 and p90 over `runs` timed runs after
+  `warmup`; onnxruntime sessions and torch pinned to the thread count, one process per artifact whose peak
+  resident memory is recorded. CoreML cannot run on Linux: its latency is null, with the reason.
+- GEMM floor: an ONNX graph of just the full-size DistilBERT int8 graph's MatMulInteger nodes (same weights and
+  shapes), timed like the model at the longest length with 1 thread: model latency / floor says how close the
+  model runs to this machine's int8 matrix-multiply speed.
+- profile: onnxruntime's profiler over the full-size int8 graphs, time per operator type.
+The rule takes every core Snakemake has, so nothing runs beside the timed runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.artifacts import atomic_output_dir, atomic_write_json, directory_size_bytes, megabytes, read_json, setup_logging
+from pipeline.config import BenchmarkConfig, PipelineConfig, config_from_json
+from pipeline.latency import cpu_description, onnx_session, synthetic_feed
+
+logger = logging.getLogger(__name__)
+
+# Exported model -> the training stage it came from (as in the Snakefile).
+EXPORTED_MODELS = {"student": "distill_squad", "student_ce_only": "student_finetune", "teacher": "teacher"}
+COREML_UNTIMED = "CoreML prediction runs only on macOS; this benchmark ran on Linux"
+
+
+# ------------------------------------------------------------------------------------------------ inventory
+
+
+def artifact(name, model, fmt, precision, path, dev=None, f1_source=None, timed=True, untimed_reason=None,
+             max_positions=None, vocab_size=None) -> dict:
+    dev = dev or {}
+    return {
+        "name": name, "model": model, "format": fmt, "precision": precision, "path": str(path),
+        "size_mb": megabytes(directory_size_bytes(path)),
+        "exact_match": dev.get("exact_match"), "f1": dev.get("f1"), "f1_source": f1_source if dev else None,
+        "timed": timed, "untimed_reason": untimed_reason, "max_positions": max_positions, "vocab_size": vocab_size,
+    }
+
+
+def model_shape(config_path: Path) -> tuple[int, int]:
+    config = read_json(config_path)
+    return config["max_position_embeddings"], config["vocab_size"]
+
+
+def trained_artifacts(root: Path) -> list[dict]:
+    items = []
+    for model, stage in EXPORTED_MODELS.items():
+        max_positions, vocab_size = model_shape(root / stage / "config.json")
+        shape = {"max_positions": max_positions, "vocab_size": vocab_size}
+        metrics = read_json(root / stage / "metrics.json")
+        items.append(artifact(f"{model}/pytorch-fp32", model, "pytorch", "fp32", root / stage / "model.safetensors",
+                              metrics, "pytorch", **shape))
+        export = read_json(root / "onnx" / model / "export.json")
+        items.append(artifact(f"{model}/onnx-fp32", model, "onnx", "fp32", root / "onnx" / model / "fp32" / "model.onnx",
+                              export["fp32"], "onnxruntime", **shape))
+        items.append(artifact(f"{model}/onnx-fp32-optimized", model, "onnx", "fp32-optimized",
+                              root / "onnx" / model / "optimized" / "model.onnx", export["optimized"], "onnxruntime",
+                              **shape))
+        quantized = read_json(root / "quantized" / model / "quantize.json")
+        for variant, report in quantized["variants"].items():
+            items.append(artifact(f"{model}/onnx-{variant}", model, "onnx", variant,
+                                  root / "quantized" / model / report["path"], report, "onnxruntime", **shape))
+        coreml = read_json(root / "coreml" / model / "coreml.json")
+        for variant, package in coreml["packages"].items():
+            items.append(artifact(f"{model}/coreml-{variant}", model, "coreml", variant,
+                                  root / "coreml" / model / package["path"], package.get("dev"), "pytorch-proxy",
+                                  timed=False, untimed_reason=COREML_UNTIMED, **shape))
+    bundle = read_json(root / "bundle" / "metrics.json")
+    max_positions, vocab_size = model_shape(root / EXPORTED_MODELS["student"] / "config.json")
+    items.append(artifact("student/ort-int8", "student", "ort", bundle["onnx_variant"],
+                          root / "bundle" / "model.int8.ort", bundle, "onnxruntime", max_positions=max_positions,
+                          vocab_size=vocab_size))
+    return items
+
+
+NOT_TIMED_REFERENCE = "not in benchmark.timed_references (each full-size timing takes tens of seconds)"
+
+
+def reference_artifacts(root: Path, architectures: list[str], timed: list[str]) -> list[dict]:
+    items = []
+    for architecture in architectures:
+        folder = root / "reference" / architecture
+        report = read_json(folder / "reference.json")
+        max_positions, vocab_size = model_shape(folder / "pytorch" / "config.json")
+        shape = {"max_positions": max_positions, "vocab_size": vocab_size}
+        name = f"{architecture}/pytorch-fp32"
+        items.append(artifact(name, architecture, "pytorch", "fp32", folder / "pytorch" / "model.safetensors",
+                              timed=name in timed, untimed_reason=None if name in timed else NOT_TIMED_REFERENCE,
+                              **shape))
+        for variant in report["onnx_size_mb"]:
+            precision = "fp32-optimized" if variant == "optimized" else variant
+            name = f"{architecture}/onnx-{'fp32-optimized' if variant == 'optimized' else variant}"
+            items.append(artifact(name, architecture, "onnx", precision, folder / "onnx" / variant / "model.onnx",
+                                  timed=name in timed, untimed_reason=None if name in timed else NOT_TIMED_REFERENCE,
+                                  **shape))
+        for variant, package in report["coreml"].items():
+            items.append(artifact(f"{architecture}/coreml-{variant}", architecture, "coreml", variant,
+                                  folder / package["path"], timed=False, untimed_reason=COREML_UNTIMED, **shape))
+    return items
+
+
+# ------------------------------------------------------------------------------------------------- timing
+
+
+def percentiles(times_ms: list[float]) -> dict:
+    return {"p50": round(float(np.percentile(times_ms, 50)), 3), "p90": round(float(np.percentile(times_ms, 90)), 3)}
+
+
+def time_onnx(path: str, sequence_length: int, threads: int, vocab_size: int, cfg: BenchmarkConfig) -> dict:
+    session = onnx_session(path, threads)
+    feed = synthetic_feed(session, sequence_length, vocab_size)
+    for _ in range(cfg.warmup):
+        session.run(None, feed)
+    times = []
+    for _ in range(cfg.runs):
+        start = time.perf_counter()
+        session.run(None, feed)
+        times.append((time.perf_counter() - start) * 1000)
+    return percentiles(times)
+
+
+def time_pytorch(model, sequence_length: int, threads: int, vocab_size: int, cfg: BenchmarkConfig) -> dict:
+    import torch
+
+    torch.set_num_threads(threads)
+    generator = torch.Generator().manual_seed(0)
+    inputs = {"input_ids": torch.randint(5, vocab_size, (1, sequence_length), generator=generator),
+              "attention_mask": torch.ones(1, sequence_length, dtype=torch.long)}
+    times = []
+    with torch.inference_mode():
+        for _ in range(cfg.warmup):
+            model(**inputs)
+        for _ in range(cfg.runs):
+            start = time.perf_counter()
+            model(**inputs)
+            times.append((time.perf_counter() - start) * 1000)
+    return percentiles(times)
+
+
+def measure_in_this_process(item: dict, cfg: BenchmarkConfig) -> dict:
+    """Latency per length and thread count; runs inside the worker process whose peak memory is recorded."""
+    model = None
+    if item["format"] == "pytorch":
+        from transformers import AutoModelForQuestionAnswering
+
+        model = AutoModelForQuestionAnswering.from_pretrained(Path(item["path"]).parent).eval()
+    latency: dict = {}
+    for length in cfg.sequence_lengths:
+        key = f"seq{length}"
+        if length > item["max_positions"]:
+            latency[key] = None  # the model has fewer positions than this length
+            continue
+        latency[key] = {}
+        for threads in cfg.threads:
+            if model is not None:
+                latency[key][f"threads{threads}"] = time_pytorch(model, length, threads, item["vocab_size"], cfg)
+            else:
+                latency[key][f"threads{threads}"] = time_onnx(item["path"], length, threads, item["vocab_size"], cfg)
+    return latency
+
+
+def measure(item: dict, cfg: BenchmarkConfig) -> tuple[dict, float]:
+    """Run the timing in a fresh process; returns its latencies and its peak resident memory in MB."""
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Path(scratch) / "latency.json"
+        command = [sys.executable, "-m", "pipeline.stages.benchmark", "--worker", json.dumps(item),
+                   "--benchmark-json", json.dumps(cfg.__dict__), "--out", str(out)]
+        process = subprocess.Popen(command)
+        _, status, usage = os.wait4(process.pid, 0)
+        process.returncode = os.waitstatus_to_exitcode(status)
+        if process.returncode != 0 or not out.is_file():
+            raise RuntimeError(f"timing {item['name']} failed (exit code {process.returncode}); see the log above")
+        return read_json(out), round(usage.ru_maxrss / 1024, 1)  # ru_maxrss is in KiB on Linux
+
+
+def gemm_floor_graph(int8_model_path: Path, sequence_length: int, out_path: Path) -> int:
+    """An ONNX graph of only the model's MatMulInteger nodes with its own weights; returns how many there are."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    model = onnx.load(str(int8_model_path))
+    initializers = {init.name: init for init in model.graph.initializer}
+    nodes, inputs, outputs, used = [], {}, [], {}
+    for node in model.graph.node:
+        if node.op_type != "MatMulInteger" or node.input[1] not in initializers:
+            continue
+        weight = initializers[node.input[1]]
+        in_features = weight.dims[0]
+        activation = f"activation_{in_features}"
+        if activation not in inputs:
+            inputs[activation] = helper.make_tensor_value_info(activation, TensorProto.UINT8, [1, sequence_length,
+                                                                                                in_features])
+        for name in node.input[1:]:
+            if name and name in initializers:
+                used[name] = initializers[name]
+        output = f"product_{len(nodes)}"
+        nodes.append(helper.make_node("MatMulInteger", [activation, node.input[1], "activation_zero_point",
+                                                        node.input[3] if len(node.input) > 3 else ""], [output]))
+        outputs.append(helper.make_tensor_value_info(output, TensorProto.INT32, None))
+    zero_point = helper.make_tensor("activation_zero_point", TensorProto.UINT8, [], [128])
+    graph = helper.make_graph(nodes, "gemm_floor", list(inputs.values()), outputs,
+                              initializer=list(used.values()) + [zero_point])
+    floor = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    floor.ir_version = model.ir_version
+    onnx.save(floor, str(out_path))
+    return len(nodes)
+
+
+def time_gemm_floor(path: Path, sequence_length: int, cfg: BenchmarkConfig) -> dict:
+    session = onnx_session(path, 1)
+    rng = np.random.default_rng(0)
+    feed = {i.name: rng.integers(0, 256, size=i.shape, dtype=np.uint8) for i in session.get_inputs()}
+    for _ in range(cfg.warmup):
+        session.run(None, feed)
+    times = []
+    for _ in range(cfg.runs):
+        start = time.perf_counter()
+        session.run(None, feed)
+        times.append((time.perf_counter() - start) * 1000)
+    return percentiles(times)
+
+
+def profile_ops(path: Path, sequence_length: int, vocab_size: int, runs: int, scratch: Path) -> list[dict]:
+    """Time per operator type under onnxruntime's profiler (1 thread), largest first."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.enable_profiling = True
+    options.profile_file_prefix = str(scratch / path.parent.name)
+    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    feed = synthetic_feed(session, sequence_length, vocab_size)
+    session.run(None, feed)
+    for _ in range(runs):
+        session.run(None, feed)
+    trace = json.loads(Path(session.end_profiling()).read_text())
+    per_op: dict[str, float] = {}
+    for event in trace:
+        if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
+            op = event["args"]["op_name"]
+            per_op[op] = per_op.get(op, 0.0) + event["dur"]
+    total = sum(per_op.values()) or 1.0
+    ranked = sorted(per_op.items(), key=lambda item: -item[1])
+    return [{"op": op, "ms_per_run": round(us / 1000 / (runs + 1), 3), "share": round(us / total, 4)}
+            for op, us in ranked[:10]]
+
+
+# ------------------------------------------------------------------------------------------------------ run
+
+
+def run(cfg: PipelineConfig, root: Path, out_dir: Path) -> dict:
+    bcfg = cfg.benchmark
+    items = trained_artifacts(root) + reference_artifacts(root, cfg.export.reference.architectures,
+                                                          bcfg.timed_references)
+    longest = max(bcfg.sequence_lengths)
+    with atomic_output_dir(out_dir) as tmp:
+        for item in items:
+            if not item["timed"]:
+                item["latency_ms"], item["peak_rss_mb"] = None, None
+                continue
+            logger.info("timing %s", item["name"])
+            item["latency_ms"], item["peak_rss_mb"] = measure(item, bcfg)
+        gemm_floor, profiles = None, {}
+        if "distilbert" in cfg.export.reference.architectures:
+            reference = root / "reference" / "distilbert" / "onnx"
+            n_matmuls = gemm_floor_graph(reference / "int8" / "model.onnx", longest, tmp / "gemm_floor.onnx")
+            gemm_floor = {"sequence_length": longest, "threads": 1, "n_matmul_integer": n_matmuls,
+                          "latency_ms": time_gemm_floor(tmp / "gemm_floor.onnx", longest, bcfg)}
+            for variant in ("int8", "int8-optimized"):
+                profiles[f"distilbert/onnx-{variant}"] = profile_ops(reference / variant / "model.onnx", longest, 30522,
+                                                                     bcfg.profile_runs, tmp)
+            for trace in tmp.glob("*.json"):
+                if trace.name != "benchmark.json":
+                    trace.unlink()
+        metrics = {
+            "machine": machine_description(),
+            "settings": {"sequence_lengths": bcfg.sequence_lengths, "threads": bcfg.threads, "runs": bcfg.runs,
+                         "warmup": bcfg.warmup, "batch_size": 1},
+            "artifacts": items,
+            "gemm_floor": gemm_floor,
+            "profiles": profiles,
+        }
+        atomic_write_json(tmp / "benchmark.json", metrics)
+    return metrics
+
+
+def machine_description() -> dict:
+    from importlib import metadata
+
+    versions = {}
+    for name in ("onnxruntime", "torch", "transformers", "optimum", "coremltools", "onnx"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    cpu = cpu_description()
+    return {"cpu": cpu["model_name"], "cpu_flags": cpu["simd_flags"], "cores": os.cpu_count(),
+            "python": sys.version.split()[0], "versions": versions}
+
+
+def worker_main(item_json: str, benchmark_json: str, out: Path) -> int:
+    item = json.loads(item_json)
+    cfg = BenchmarkConfig(**json.loads(benchmark_json))
+    atomic_write_json(out, measure_in_this_process(item, cfg))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline benchmark", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config-json")
+    parser.add_argument("--root", type=Path, help="the pipeline's output root (artifacts/)")
+    parser.add_argument("--out-dir", type=Path)
+    parser.add_argument("--worker", help=argparse.SUPPRESS)  # internal: time one artifact in this process
+    parser.add_argument("--benchmark-json", help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        return worker_main(args.worker, args.benchmark_json, args.out)
+    if not (args.config_json and args.root and args.out_dir):
+        parser.error("--config-json, --root and --out-dir are required")
+    setup_logging()
+    run(config_from_json(args.config_json), args.root, args.out_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
