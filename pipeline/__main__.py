@@ -20,6 +20,8 @@ COMMANDS = {
     "export-coreml": ("pipeline.stages.export_coreml", "main"),
     "export-reference": ("pipeline.stages.reference", "main"),
     "bundle": ("pipeline.stages.bundle", "main"),
+    "benchmark": ("pipeline.stages.benchmark", "main"),
+    "report": ("pipeline.stages.report", "main"),
     "answer": ("pipeline.mobile", "main"),
     "evaluate-predictions": ("pipeline.squad", "evaluate_predictions_main"),
     "schema": ("pipeline.config", "print_schema_main"),

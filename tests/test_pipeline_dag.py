@@ -52,6 +52,7 @@ def test_every_stage_wrote_its_outputs_and_metrics(dag_outputs):
             assert (dag_outputs / kind / model / report).is_file(), f"{kind}/{model}/{report}"
     assert (dag_outputs / "bundle" / "manifest.json").is_file()
     assert not (dag_outputs / "reference").exists()  # off in configs/test.yaml
+    assert (dag_outputs / "benchmark" / "benchmark.json").is_file()
     train_log = (dag_outputs / "teacher" / "train_log.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in train_log] == [2, 4, 6]
 
@@ -109,6 +110,38 @@ def test_the_bundle_answers_dev_questions_like_the_pytorch_student_without_torch
     # The fp32 graph through the same torch-free answerer gives PyTorch's answers (the export_onnx gate).
     fp32 = json.loads((dag_outputs / "onnx" / "student" / "fp32" / "predictions.json").read_text())
     assert sum(fp32[k] == pytorch[k] for k in pytorch) / len(pytorch) >= 0.99
+
+
+def test_the_report_summary_follows_its_schema_and_every_timed_artifact_has_numbers(dag_outputs):
+    import jsonschema
+
+    summary = json.loads((dag_outputs / "report" / "summary.json").read_text())
+    jsonschema.validate(summary, json.loads((PROJECT_ROOT / "configs" / "summary.schema.json").read_text()))
+    assert summary["target_size_mb"] == 207 and summary["machine"]["cpu"]
+    names = {a["name"] for a in summary["artifacts"]}
+    assert {"student/pytorch-fp32", "student/onnx-int8", "student/ort-int8", "teacher/coreml-4bit"} <= names
+    for artifact in summary["artifacts"]:
+        if artifact["format"] == "coreml":
+            assert artifact["latency_ms"] is None and "macOS" in artifact["untimed_reason"]
+            assert artifact["f1_source"] == "pytorch-proxy"
+        else:
+            cell = artifact["latency_ms"]["seq64"]["threads2"]
+            assert 0 < cell["p50"] <= cell["p90"] and artifact["peak_rss_mb"] > 0
+    assert summary["models"]["student"]["params"] < summary["models"]["teacher"]["params"]
+    for plot in ("f1_vs_size.png", "f1_vs_latency.png", "loss_curves.png"):
+        assert (dag_outputs / "report" / plot).read_bytes()[:4] == b"\x89PNG"
+    assert "## Goals" in (dag_outputs / "report" / "report.md").read_text()
+
+
+def test_snakemake_builds_its_html_report(dag_outputs, tmp_path):
+    command = [
+        sys.executable, "-m", "snakemake", "--cores", "1", "--snakefile", str(PROJECT_ROOT / "Snakefile"),
+        "--directory", str(PROJECT_ROOT), "--configfile", str(PROJECT_ROOT / "configs" / "test.yaml"),
+        "--config", f"output_root={dag_outputs}", "--report", str(tmp_path / "report.html"),
+    ]
+    completed = subprocess.run(command, capture_output=True, text=True)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    assert (tmp_path / "report.html").stat().st_size > 10_000
 
 
 def test_teacher_directory_loads_in_the_transformers_qa_pipeline(dag_outputs):

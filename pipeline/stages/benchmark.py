@@ -176,18 +176,29 @@ def measure_in_this_process(item: dict, cfg: BenchmarkConfig) -> dict:
     return latency
 
 
-def measure(item: dict, cfg: BenchmarkConfig) -> tuple[dict, float]:
+def measure(item: dict, cfg: BenchmarkConfig) -> tuple[dict, float | None]:
     """Run the timing in a fresh process; returns its latencies and its peak resident memory in MB."""
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch) / "latency.json"
         command = [sys.executable, "-m", "pipeline.stages.benchmark", "--worker", json.dumps(item),
                    "--benchmark-json", json.dumps(cfg.__dict__), "--out", str(out)]
-        process = subprocess.Popen(command)
-        _, status, usage = os.wait4(process.pid, 0)
-        process.returncode = os.waitstatus_to_exitcode(status)
-        if process.returncode != 0 or not out.is_file():
-            raise RuntimeError(f"timing {item['name']} failed (exit code {process.returncode}); see the log above")
-        return read_json(out), round(usage.ru_maxrss / 1024, 1)  # ru_maxrss is in KiB on Linux
+        completed = subprocess.run(command)
+        if completed.returncode != 0 or not out.is_file():
+            raise RuntimeError(f"timing {item['name']} failed (exit code {completed.returncode}); see the log above")
+        result = read_json(out)
+        return result["latency_ms"], result["peak_rss_mb"]
+
+
+def peak_rss_mb() -> float | None:
+    """This process's resident-memory high-water mark. VmHWM, not getrusage: rusage keeps the parent's peak
+    from before exec, which would charge every worker with the benchmark process's own memory."""
+    status = Path("/proc/self/status")
+    if not status.is_file():
+        return None
+    for line in status.read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1024, 1)  # kB
+    return None
 
 
 def gemm_floor_graph(int8_model_path: Path, sequence_length: int, out_path: Path) -> int:
@@ -318,7 +329,8 @@ def machine_description() -> dict:
 def worker_main(item_json: str, benchmark_json: str, out: Path) -> int:
     item = json.loads(item_json)
     cfg = BenchmarkConfig(**json.loads(benchmark_json))
-    atomic_write_json(out, measure_in_this_process(item, cfg))
+    latency = measure_in_this_process(item, cfg)
+    atomic_write_json(out, {"latency_ms": latency, "peak_rss_mb": peak_rss_mb()})
     return 0
 
 

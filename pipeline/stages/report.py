@@ -1,0 +1,343 @@
+"""Stage report: summary.json (schema configs/summary.schema.json), report.md and the plots.
+
+Everything here is read from what the earlier stages measured (benchmark.json, metrics.json, train logs): the
+report computes ratios and draws, it measures nothing itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+from pipeline.artifacts import atomic_write_json, atomic_write_text, read_json, setup_logging
+from pipeline.config import PipelineConfig, config_from_json
+
+logger = logging.getLogger(__name__)
+
+TARGET_SIZE_MB = 207  # DistilBERT on an iPhone 7 Plus (Sanh et al. 2019)
+PAPER_CPU_SPEEDUP = 1.6  # "60 % faster" than BERT-base on CPU (Sanh et al. 2019)
+SUMMARY_FIELDS = ("name", "model", "format", "precision", "path", "size_mb", "exact_match", "f1", "f1_source",
+                  "latency_ms", "untimed_reason", "peak_rss_mb")
+TRAINED_MODELS = {"teacher": "teacher", "student": "distill_squad", "student_ce_only": "student_finetune"}
+TRAINING_LOGS = {"teacher_pretrain": "teacher_pretrain", "teacher_finetune": "teacher",
+                 "distill_pretrain (main)": "distill_pretrain/main",
+                 "distill_pretrain (random init)": "distill_pretrain/random_init_ablation",
+                 "distill_squad": "distill_squad", "student_finetune": "student_finetune"}
+NOT_LOSS_KEYS = {"step", "epoch", "lr", "tokens_per_second"}
+
+
+def parameter_count(model_dir: Path) -> int:
+    from safetensors import safe_open
+
+    total = 0
+    with safe_open(str(model_dir / "model.safetensors"), framework="numpy") as weights:
+        for name in weights.keys():
+            count = 1
+            for dim in weights.get_slice(name).get_shape():
+                count *= dim
+            total += count
+    return total
+
+
+def p50(artifacts: dict, name: str, length: int, threads: int) -> float | None:
+    latency = (artifacts.get(name) or {}).get("latency_ms") or {}
+    cell = (latency.get(f"seq{length}") or {}).get(f"threads{threads}")
+    return cell["p50"] if cell else None
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or denominator in (None, 0):
+        return None
+    return round(numerator / denominator, 3)
+
+
+def summary(cfg: PipelineConfig, root: Path, benchmark: dict) -> dict:
+    references = set(cfg.export.reference.architectures)
+    items = [{key: item.get(key) for key in SUMMARY_FIELDS} for item in benchmark["artifacts"]]
+    by_name = {item["name"]: item for item in items}
+    longest = max(cfg.benchmark.sequence_lengths)
+    models = {}
+    for name, stage in TRAINED_MODELS.items():
+        metrics = read_json(root / stage / "metrics.json")
+        models[name] = {"params": parameter_count(root / stage), "exact_match": metrics["exact_match"],
+                        "f1": metrics["f1"]}
+    best_int8 = "distilbert/onnx-int8-optimized"
+    floor = benchmark.get("gemm_floor")
+    model_ms = p50(by_name, best_int8, longest, 1)
+    ratios = {
+        f"distilbert_vs_bert_base_pytorch_fp32_speedup_seq{longest}_threads1":
+            ratio(p50(by_name, "bert-base/pytorch-fp32", longest, 1), p50(by_name, "distilbert/pytorch-fp32", longest, 1)),
+        f"distilbert_onnx_int8_optimized_vs_bert_base_pytorch_fp32_speedup_seq{longest}_threads1":
+            ratio(p50(by_name, "bert-base/pytorch-fp32", longest, 1), model_ms),
+        f"distilbert_onnx_int8_optimized_vs_naive_int8_speedup_seq{longest}_threads1":
+            ratio(p50(by_name, "distilbert/onnx-int8", longest, 1), model_ms),
+        f"bert_base_onnx_int8_optimized_vs_pytorch_fp32_speedup_seq{longest}_threads1":
+            ratio(p50(by_name, "bert-base/pytorch-fp32", longest, 1), p50(by_name, "bert-base/onnx-int8-optimized", longest, 1)),
+        "target_size_vs_distilbert_onnx_int8": ratio(TARGET_SIZE_MB, (by_name.get(best_int8) or {}).get("size_mb")),
+        "target_size_vs_distilbert_coreml_4bit": ratio(TARGET_SIZE_MB, (by_name.get("distilbert/coreml-4bit") or {}).get("size_mb")),
+        "target_size_vs_student_bundle_onnx": ratio(TARGET_SIZE_MB, (by_name.get("student/ort-int8") or {}).get("size_mb")),
+    }
+    return {
+        "target_size_mb": TARGET_SIZE_MB,
+        "machine": benchmark["machine"],
+        "models": models,
+        "artifacts": [item for item in items if item["model"] not in references],
+        "reference": [item for item in items if item["model"] in references],
+        "gemm_floor": None if floor is None else {
+            **{k: floor[k] for k in ("sequence_length", "threads", "n_matmul_integer")},
+            "latency_ms": floor["latency_ms"]["p50"], "ratio": ratio(model_ms, floor["latency_ms"]["p50"]),
+        },
+        "ratios": ratios,
+    }
+
+
+# --------------------------------------------------------------------------------------------------- goals
+
+
+def goals(summary_data: dict, benchmark: dict, references: dict, longest: int) -> list[dict]:
+    ratios = summary_data["ratios"]
+    rows = [
+        {"goal": f"distilbert/onnx-int8-optimized vs bert-base/pytorch-fp32, seq {longest}, 1 thread", "target": ">= 8x",
+         "value": ratios[f"distilbert_onnx_int8_optimized_vs_bert_base_pytorch_fp32_speedup_seq{longest}_threads1"],
+         "check": lambda v: v >= 8, "speed": True},
+        {"goal": f"distilbert/onnx-int8-optimized vs distilbert/onnx-int8 (naive), seq {longest}, 1 thread",
+         "target": ">= 1.25x",
+         "value": ratios[f"distilbert_onnx_int8_optimized_vs_naive_int8_speedup_seq{longest}_threads1"],
+         "check": lambda v: v >= 1.25, "speed": True},
+        {"goal": "model latency / GEMM floor (distilbert/onnx-int8-optimized)", "target": "<= 1.5",
+         "value": (summary_data["gemm_floor"] or {}).get("ratio"), "check": lambda v: v <= 1.5, "speed": True},
+        {"goal": "DistilBERT vs BERT-base, PyTorch fp32 (paper: 1.6x on CPU)", "target": ">= 1.6x",
+         "value": ratios[f"distilbert_vs_bert_base_pytorch_fp32_speedup_seq{longest}_threads1"],
+         "check": lambda v: v >= PAPER_CPU_SPEEDUP, "speed": False},
+    ]
+    distilbert = references.get("distilbert")
+    if distilbert:
+        for key, label in (("int8_onnx_mb", "full-size DistilBERT int8 ONNX size (MB)"),
+                           ("coreml_4bit_mb", "full-size DistilBERT CoreML 4-bit size (MB)")):
+            goal = distilbert["goals"][key]
+            rows.append({"goal": label, "target": f"<= {goal['maximum']}", "value": goal["value"],
+                         "check": lambda v, limit=goal["maximum"]: v <= limit, "speed": False})
+    for row in rows:
+        check = row.pop("check")
+        row["met"] = None if row["value"] is None else bool(check(row["value"]))
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------- plots
+
+
+def plot_accuracy(summary_data: dict, out_dir: Path, length: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scored = [a for a in summary_data["artifacts"] if a["f1"] is not None]
+    markers = {"pytorch": "o", "onnx": "s", "ort": "D", "coreml": "^"}
+    colors = {"student": "tab:blue", "student_ce_only": "tab:orange", "teacher": "tab:green"}
+
+    figure, axis = plt.subplots(figsize=(9, 5.5))
+    for item in scored:
+        axis.scatter(item["size_mb"], item["f1"], marker=markers.get(item["format"], "o"),
+                     color=colors.get(item["model"], "grey"), s=45)
+        axis.annotate(item["precision"], (item["size_mb"], item["f1"]), fontsize=7, xytext=(4, 2),
+                      textcoords="offset points")
+    axis.axvline(TARGET_SIZE_MB, color="red", linestyle="--")
+    axis.text(TARGET_SIZE_MB, axis.get_ylim()[0], " 207 MB (DistilBERT,\n iPhone 7 Plus)", color="red", fontsize=8,
+              va="bottom")
+    top = axis.get_ylim()[1]
+    for item in summary_data["reference"]:
+        if item["model"] == "distilbert" and item["precision"] not in ("fp32-optimized",):
+            axis.axvline(item["size_mb"], color="grey", alpha=0.3, linewidth=1)
+            axis.text(item["size_mb"], top, f"{item['format']} {item['precision']}", rotation=90, fontsize=7,
+                      color="dimgrey", va="top", ha="right")
+    axis.set_xscale("log")
+    axis.set_xlabel("size on disk (MB, log scale); grey lines: full-size DistilBERT artifacts")
+    axis.set_ylabel("dev F1")
+    axis.set_title("Dev F1 vs size (marker: format; colour: model)")
+    legend_models = [plt.Line2D([], [], color=c, marker="o", linestyle="", label=m) for m, c in colors.items()]
+    legend_formats = [plt.Line2D([], [], color="black", marker=m, linestyle="", label=f) for f, m in markers.items()]
+    axis.legend(handles=legend_models + legend_formats, fontsize=8, loc="center right")
+    figure.tight_layout()
+    figure.savefig(out_dir / "f1_vs_size.png", dpi=120)
+    plt.close(figure)
+
+    figure, axis = plt.subplots(figsize=(9, 5.5))
+    for item in scored:
+        cell = ((item["latency_ms"] or {}).get(f"seq{length}") or {}).get("threads1")
+        if not cell:
+            continue
+        axis.scatter(cell["p50"], item["f1"], marker=markers.get(item["format"], "o"),
+                     color=colors.get(item["model"], "grey"), s=45)
+        axis.annotate(item["precision"], (cell["p50"], item["f1"]), fontsize=7, xytext=(4, 2),
+                      textcoords="offset points")
+    axis.set_xlabel(f"latency p50 (ms), batch 1, {length} tokens, 1 thread")
+    axis.set_ylabel("dev F1")
+    axis.set_title(f"Dev F1 vs latency on {summary_data['machine']['cpu']} (CoreML not timed on Linux)")
+    axis.legend(handles=legend_models + legend_formats[:3], fontsize=8, loc="lower right")
+    figure.tight_layout()
+    figure.savefig(out_dir / "f1_vs_latency.png", dpi=120)
+    plt.close(figure)
+
+
+def plot_losses(root: Path, out_dir: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(2, 3, figsize=(13, 7))
+    for axis, (title, stage) in zip(axes.flat, TRAINING_LOGS.items()):
+        log = root / stage / "train_log.jsonl"
+        records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.is_file() else []
+        terms = sorted({key for record in records for key in record} - NOT_LOSS_KEYS)
+        for term in terms:
+            axis.plot([r["step"] for r in records if term in r], [r[term] for r in records if term in r],
+                      label=term, linewidth=1.2)
+        axis.set_title(title, fontsize=10)
+        axis.set_xlabel("optimizer step", fontsize=8)
+        axis.set_yscale("log")
+        if terms:
+            axis.legend(fontsize=7)
+        else:
+            axis.text(0.5, 0.5, "no training log", ha="center", transform=axis.transAxes)
+    figure.suptitle("Training loss terms (log scale)")
+    figure.tight_layout()
+    figure.savefig(out_dir / "loss_curves.png", dpi=110)
+    plt.close(figure)
+
+
+# -------------------------------------------------------------------------------------------------- report
+
+
+def fmt(value, digits: int = 2) -> str:
+    if value is None:
+        return "—"
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def latency_text(item: dict, length: int, threads: int) -> str:
+    if item["latency_ms"] is None:
+        return "n/a"
+    cell = (item["latency_ms"].get(f"seq{length}") or {}).get(f"threads{threads}")
+    return f"{cell['p50']:.2f} / {cell['p90']:.2f}" if cell else "n/a"
+
+
+def artifact_table(items: list[dict], cfg: PipelineConfig) -> str:
+    lengths, threads = cfg.benchmark.sequence_lengths, cfg.benchmark.threads
+    columns = [f"seq {n}, {t} thr p50 / p90 ms" for n in lengths for t in threads]
+    lines = ["| artifact | MB | EM | F1 | F1 from | " + " | ".join(columns) + " | peak RSS MB |",
+             "|---|---|---|---|---|" + "---|" * len(columns) + "---|"]
+    for item in items:
+        cells = [latency_text(item, n, t) for n in lengths for t in threads]
+        lines.append(f"| {item['name']} | {fmt(item['size_mb'], 3)} | {fmt(item['exact_match'])} | {fmt(item['f1'])} | "
+                     f"{item['f1_source'] or '—'} | " + " | ".join(cells) + f" | {fmt(item['peak_rss_mb'], 0)} |")
+    return "\n".join(lines)
+
+
+RUNTIME_FUSED_OPS = ("SkipLayerNormalization", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "BiasGelu", "Gelu",
+                     "FastGelu", "EmbedLayerNormalization")
+
+
+def speed_analysis(profiles: dict, floor: dict | None) -> list[str]:
+    """What the profiles say about the missed speed goals, in numbers (nothing here is assumed)."""
+    naive = {op["op"]: op for op in profiles.get("distilbert/onnx-int8", [])}
+    fused = {op["op"]: op for op in profiles.get("distilbert/onnx-int8-optimized", [])}
+    lines = []
+    runtime_fused = [op for op in RUNTIME_FUSED_OPS if op in naive]
+    if runtime_fused:
+        lines.append(f"- The naive int8 graph already runs fused kernels ({', '.join(runtime_fused)}): onnxruntime "
+                     "fuses a graph itself when it loads it, so the offline transformer optimizer adds mainly the "
+                     "attention fusion.")
+    if "QAttention" in fused and "MatMul" in naive:
+        lines.append(f"- Attention: the fused graph's QAttention (input projections and scores) takes "
+                     f"{fused['QAttention']['ms_per_run']:.1f} ms per run; the naive graph spends "
+                     f"{naive['MatMul']['ms_per_run']:.1f} ms in float MatMuls (the attention scores) plus its share of "
+                     f"the int8 projections. Fusing attention moves work rather than removing it on this CPU.")
+    if floor and floor.get("ratio"):
+        lines.append(f"- The int8 GEMMs alone take {floor['latency_ms']:.1f} ms; the model takes {floor['ratio']:.2f}x "
+                     "that. The rest is the float attention-score products, activation quantization, LayerNorm and "
+                     "GELU, which the GEMM floor leaves out.")
+    return lines
+
+
+def report_markdown(cfg: PipelineConfig, summary_data: dict, benchmark: dict, goal_rows: list[dict]) -> str:
+    machine = summary_data["machine"]
+    longest = max(cfg.benchmark.sequence_lengths)
+    lines = [
+        "# DistilBERT question answering: what was built and how it measures",
+        "",
+        f"Machine: **{machine['cpu']}**, {machine['cores']} cores; SIMD flags: {', '.join(machine.get('cpu_flags', []))}.",
+        "Versions: " + ", ".join(f"{k} {v}" for k, v in machine["versions"].items()) + ".",
+        f"Latency: batch 1, every token attended, p50 / p90 over {cfg.benchmark.runs} timed runs after "
+        f"{cfg.benchmark.warmup} warm-up runs, threads pinned in onnxruntime and torch; one process per artifact (its "
+        "peak resident memory is the last column). Sizes in MB = 10^6 bytes. 'n/a': the model has fewer positions than "
+        "the length, or it cannot be timed here (CoreML runs only on macOS; some full-size references are sized only, "
+        "see benchmark.timed_references).",
+        "",
+        "## Models",
+        "",
+        "| model | parameters | dev EM | dev F1 |",
+        "|---|---|---|---|",
+    ]
+    for name, model in summary_data["models"].items():
+        lines.append(f"| {name} | {model['params']:,} | {model['exact_match']:.2f} | {model['f1']:.2f} |")
+    lines += ["", "## Artifacts of the trained models", "", artifact_table(summary_data["artifacts"], cfg), "",
+              "CoreML F1 is that of the PyTorch-side compressed proxy run in float16 ('pytorch-proxy').", "",
+              "![F1 vs size](f1_vs_size.png)", "", "![F1 vs latency](f1_vs_latency.png)", ""]
+    if summary_data["reference"]:
+        lines += ["## Full-size reference architectures (random weights: sizes and speed only)", "",
+                  artifact_table(summary_data["reference"], cfg), "",
+                  "| ratio | value |", "|---|---|"]
+        lines += [f"| {name} | {fmt(value, 3)} |" for name, value in summary_data["ratios"].items()]
+        if summary_data["gemm_floor"]:
+            floor = summary_data["gemm_floor"]
+            lines += ["", f"GEMM floor: the {floor['n_matmul_integer']} int8 MatMuls of full-size DistilBERT alone, "
+                          f"seq {floor['sequence_length']}, 1 thread: {floor['latency_ms']:.1f} ms; "
+                          f"distilbert/onnx-int8-optimized / floor = {fmt(floor['ratio'], 2)}."]
+        lines.append("")
+    lines += ["## Goals", "", "| goal | target | measured | met |", "|---|---|---|---|"]
+    for row in goal_rows:
+        met = "n/a" if row["met"] is None else ("yes" if row["met"] else "**no**")
+        lines.append(f"| {row['goal']} | {row['target']} | {fmt(row['value'], 2)} | {met} |")
+    missed_speed = [row for row in goal_rows if row["speed"] and row["met"] is False]
+    if missed_speed and benchmark.get("profiles"):
+        lines += ["", f"Speed goals missed. Where the time goes (onnxruntime profiler, seq {longest}, 1 thread, share "
+                      "of kernel time):", ""]
+        for name, ops in benchmark["profiles"].items():
+            lines.append(f"- {name}: " + ", ".join(f"{o['op']} {o['share']:.0%} ({o['ms_per_run']:.1f} ms)"
+                                                    for o in ops[:6]))
+        lines += [""] + speed_analysis(benchmark["profiles"], summary_data["gemm_floor"])
+    lines += ["", "## Training", "", "![Loss curves](loss_curves.png)", ""]
+    return "\n".join(lines)
+
+
+def run(cfg: PipelineConfig, root: Path, benchmark_path: Path, out_dir: Path) -> dict:
+    import jsonschema
+
+    benchmark = read_json(benchmark_path)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary_data = summary(cfg, root, benchmark)
+    schema = read_json(Path(__file__).resolve().parents[2] / "configs" / "summary.schema.json")
+    jsonschema.validate(summary_data, schema)  # other tools read this file: never write one off its schema
+    references = {a: read_json(root / "reference" / a / "reference.json") for a in cfg.export.reference.architectures}
+    goal_rows = goals(summary_data, benchmark, references, max(cfg.benchmark.sequence_lengths))
+    plot_accuracy(summary_data, out_dir, min(cfg.benchmark.sequence_lengths))
+    plot_losses(root, out_dir)
+    atomic_write_text(out_dir / "report.md", report_markdown(cfg, summary_data, benchmark, goal_rows))
+    atomic_write_json(out_dir / "summary.json", summary_data)  # last: its presence means the report is complete
+    return summary_data
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline report", description=__doc__)
+    parser.add_argument("--config-json", required=True)
+    parser.add_argument("--root", required=True, type=Path, help="the pipeline's output root (artifacts/)")
+    parser.add_argument("--benchmark", required=True, type=Path, help="benchmark.json of rule benchmark")
+    parser.add_argument("--out-dir", required=True, type=Path)
+    args = parser.parse_args(argv)
+    setup_logging()
+    run(config_from_json(args.config_json), args.root, args.benchmark, args.out_dir)
+    return 0

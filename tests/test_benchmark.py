@@ -1,0 +1,72 @@
+"""Stages benchmark and report: timing in a separate process, the GEMM floor graph, profiles, summary schema."""
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+from pipeline.config import BenchmarkConfig
+from pipeline.stages import benchmark, export_onnx, quantize, report
+from tests.conftest import PROJECT_ROOT
+
+
+@pytest.fixture(scope="module")
+def tiny_int8(tmp_path_factory):
+    from transformers import DistilBertConfig, DistilBertForQuestionAnswering
+
+    root = tmp_path_factory.mktemp("bench")
+    model = DistilBertForQuestionAnswering(DistilBertConfig(vocab_size=200, dim=32, n_layers=2, n_heads=2,
+                                                            hidden_dim=64, max_position_embeddings=128))
+    model.save_pretrained(root / "pytorch")
+    export_onnx.export_fp32(root / "pytorch", root / "fp32", None)
+    settings = {"per_channel": False, "reduce_range": False}
+    quantize.quantize_int8(root / "fp32" / "model.onnx", root / "int8.onnx", settings, fused=False)
+    return root
+
+
+def item(path, fmt="onnx", max_positions=128):
+    return {"name": "tiny", "format": fmt, "path": str(path), "max_positions": max_positions, "vocab_size": 200}
+
+
+def test_each_artifact_is_timed_in_its_own_process_with_its_peak_memory(tiny_int8):
+    cfg = BenchmarkConfig(sequence_lengths=[32, 256], threads=[1, 2], runs=2, warmup=1)
+    latency, peak_rss_mb = benchmark.measure(item(tiny_int8 / "int8.onnx"), cfg)
+    assert latency["seq256"] is None  # longer than the model's 128 positions
+    assert set(latency["seq32"]) == {"threads1", "threads2"}
+    assert 0 < latency["seq32"]["threads1"]["p50"] <= latency["seq32"]["threads1"]["p90"]
+    assert peak_rss_mb > 20  # a Python process with onnxruntime loaded
+    torch_latency, torch_rss = benchmark.measure(item(tiny_int8 / "pytorch" / "model.safetensors", "pytorch"), cfg)
+    assert torch_latency["seq32"]["threads2"]["p50"] > 0 and torch_rss > peak_rss_mb
+
+
+def test_the_gemm_floor_graph_holds_exactly_the_models_int8_matmuls(tiny_int8, tmp_path):
+    n = benchmark.gemm_floor_graph(tiny_int8 / "int8.onnx", 48, tmp_path / "floor.onnx")
+    model_matmuls = sum(node.op_type == "MatMulInteger" for node in onnx.load(str(tiny_int8 / "int8.onnx")).graph.node)
+    floor = onnx.load(str(tmp_path / "floor.onnx"))
+    assert n == model_matmuls == len(floor.graph.node) > 0
+    assert {node.op_type for node in floor.graph.node} == {"MatMulInteger"}
+    timing = benchmark.time_gemm_floor(tmp_path / "floor.onnx", 48, BenchmarkConfig(runs=2, warmup=0))
+    assert timing["p50"] > 0
+
+
+def test_the_profile_attributes_kernel_time_to_operator_types(tiny_int8, tmp_path):
+    ops = benchmark.profile_ops(tiny_int8 / "int8.onnx", 32, 200, 2, tmp_path)
+    assert ops and sum(op["share"] for op in ops) <= 1.0001
+    assert any(op["op"] in ("MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat") for op in ops)
+
+
+def test_ratios_and_missing_timings():
+    artifacts = {"a": {"latency_ms": {"seq384": {"threads1": {"p50": 10.0, "p90": 11.0}}}},
+                 "b": {"latency_ms": None}}
+    assert report.p50(artifacts, "a", 384, 1) == 10.0
+    assert report.p50(artifacts, "b", 384, 1) is None and report.p50(artifacts, "c", 384, 1) is None
+    assert report.ratio(20.0, 10.0) == 2.0 and report.ratio(None, 1.0) is None and report.ratio(1.0, None) is None
+
+
+def test_the_summary_schema_refuses_a_wrong_shape():
+    import jsonschema
+
+    schema = json.loads((PROJECT_ROOT / "configs" / "summary.schema.json").read_text())
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"target_size_mb": 207}, schema)
