@@ -360,8 +360,12 @@ rule export_coreml:
         " --model-dir {input.model:q} --data-dir {input.data:q} --out-dir {output:q} > {log:q} 2>&1"
 
 
+# The references need nothing from training. They wait for the teacher only so that their one-thread jobs fill
+# cores beside the paired training rules instead of holding a core the two-thread teacher rules need at the start
+# (ancient(): ordering only, a retrained teacher does not make them rerun).
 rule export_reference:
     input:
+        after_teacher=ancient(rules.teacher_finetune.output[0]),
         code=code("stages/reference", "stages/export_onnx", "stages/quantize", "stages/export_coreml", "mobile",
                   "gates", "qa", "squad", "latency", "data"),
     output:

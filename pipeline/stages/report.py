@@ -148,18 +148,22 @@ def plot_accuracy(summary_data: dict, out_dir: Path, length: int) -> None:
     axis.text(TARGET_SIZE_MB, axis.get_ylim()[0], " 207 MB (DistilBERT,\n iPhone 7 Plus)", color="red", fontsize=8,
               va="bottom")
     top = axis.get_ylim()[1]
+    same_size: dict[int, list[dict]] = {}  # full-size artifacts within a few MB share one labelled line
     for item in summary_data["reference"]:
-        if item["model"] == "distilbert" and item["precision"] not in ("fp32-optimized",):
-            axis.axvline(item["size_mb"], color="grey", alpha=0.3, linewidth=1)
-            axis.text(item["size_mb"], top, f"{item['format']} {item['precision']}", rotation=90, fontsize=7,
-                      color="dimgrey", va="top", ha="right")
+        if item["model"] == "distilbert":
+            same_size.setdefault(round(item["size_mb"] / 5), []).append(item)
+    for group in same_size.values():
+        size = group[0]["size_mb"]
+        axis.axvline(size, color="grey", alpha=0.3, linewidth=1)
+        label = ", ".join(f"{i['format']} {i['precision']}" for i in group) + f" ({size:.0f} MB)"
+        axis.text(size, top, label, rotation=90, fontsize=7, color="dimgrey", va="top", ha="right")
     axis.set_xscale("log")
     axis.set_xlabel("size on disk (MB, log scale); grey lines: full-size DistilBERT artifacts")
     axis.set_ylabel("dev F1")
     axis.set_title("Dev F1 vs size (marker: format; colour: model)")
     legend_models = [plt.Line2D([], [], color=c, marker="o", linestyle="", label=m) for m, c in colors.items()]
     legend_formats = [plt.Line2D([], [], color="black", marker=m, linestyle="", label=f) for f, m in markers.items()]
-    axis.legend(handles=legend_models + legend_formats, fontsize=8, loc="center right")
+    axis.legend(handles=legend_models + legend_formats, fontsize=8, loc="center", bbox_to_anchor=(0.45, 0.5))
     figure.tight_layout()
     figure.savefig(out_dir / "f1_vs_size.png", dpi=120)
     plt.close(figure)
