@@ -69,7 +69,7 @@ rule prepare_data:
         f"{ROOT}/logs/prepare_data.log",
     benchmark:
         f"{ROOT}/benchmarks/prepare_data.tsv"
-    priority: 1  # the training chain is the critical path; exports fill idle cores
+    priority: 2  # the chain to distill_squad is the critical path; exports fill idle cores
     threads: 1
     resources:
         **LIGHT_RESOURCES,
@@ -90,7 +90,7 @@ rule tokenizer:
         f"{ROOT}/logs/tokenizer.log",
     benchmark:
         f"{ROOT}/benchmarks/tokenizer.tsv"
-    priority: 1  # the training chain is the critical path; exports fill idle cores
+    priority: 2  # the chain to distill_squad is the critical path; exports fill idle cores
     threads: 1
     resources:
         **LIGHT_RESOURCES,
@@ -116,7 +116,7 @@ if TEACHER_FROM_SCRATCH:
             f"{ROOT}/logs/teacher_pretrain.log",
         benchmark:
             f"{ROOT}/benchmarks/teacher_pretrain.tsv"
-        priority: 1  # the training chain is the critical path; exports fill idle cores
+        priority: 2  # the chain to distill_squad is the critical path; exports fill idle cores
         threads: workflow.cores
         resources:
             **TRAIN_RESOURCES,
@@ -143,7 +143,7 @@ rule teacher_finetune:
         f"{ROOT}/logs/teacher_finetune.log",
     benchmark:
         f"{ROOT}/benchmarks/teacher_finetune.tsv"
-    priority: 1  # the training chain is the critical path; exports fill idle cores
+    priority: 2  # the chain to distill_squad is the critical path; exports fill idle cores
     threads: workflow.cores
     resources:
         **TRAIN_RESOURCES,
@@ -167,7 +167,7 @@ rule token_counts:
         f"{ROOT}/logs/token_counts.log",
     benchmark:
         f"{ROOT}/benchmarks/token_counts.tsv"
-    priority: 1  # the training chain is the critical path; exports fill idle cores
+    priority: 2  # the chain to distill_squad is the critical path; exports fill idle cores
     threads: 1
     resources:
         **LIGHT_RESOURCES,
@@ -194,7 +194,7 @@ rule init_student:
         f"{ROOT}/logs/init_student_{{variant}}.log",
     benchmark:
         f"{ROOT}/benchmarks/init_student_{{variant}}.tsv"
-    priority: 1  # the training chain is the critical path; exports fill idle cores
+    priority: 2  # the chain to distill_squad is the critical path; exports fill idle cores
     threads: 1
     resources:
         **LIGHT_RESOURCES,
@@ -223,7 +223,7 @@ rule distill_pretrain:
         f"{ROOT}/logs/distill_pretrain_{{variant}}.log",
     benchmark:
         f"{ROOT}/benchmarks/distill_pretrain_{{variant}}.tsv"
-    priority: 1  # the training chain is the critical path; exports fill idle cores
+    priority: 2  # the chain to distill_squad is the critical path; exports fill idle cores
     threads: PAIRED_THREADS
     resources:
         **TRAIN_RESOURCES,
@@ -250,7 +250,7 @@ rule distill_squad:
         f"{ROOT}/logs/distill_squad.log",
     benchmark:
         f"{ROOT}/benchmarks/distill_squad.tsv"
-    priority: 1  # the training chain is the critical path; exports fill idle cores
+    priority: 2  # the chain to distill_squad is the critical path; exports fill idle cores
     threads: PAIRED_THREADS
     resources:
         **TRAIN_RESOURCES,
@@ -275,7 +275,7 @@ rule student_finetune:
         f"{ROOT}/logs/student_finetune.log",
     benchmark:
         f"{ROOT}/benchmarks/student_finetune.tsv"
-    priority: 1  # the training chain is the critical path; exports fill idle cores
+    priority: 1  # the CE-only baseline: off the critical path, ahead of the exports
     threads: PAIRED_THREADS
     resources:
         **TRAIN_RESOURCES,
