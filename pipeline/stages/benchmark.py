@@ -294,9 +294,10 @@ def run(cfg: PipelineConfig, root: Path, out_dir: Path) -> dict:
             n_matmuls = gemm_floor_graph(reference / "int8" / "model.onnx", longest, tmp / "gemm_floor.onnx")
             gemm_floor = {"sequence_length": longest, "threads": 1, "n_matmul_integer": n_matmuls,
                           "latency_ms": time_gemm_floor(tmp / "gemm_floor.onnx", longest, bcfg)}
+            _, vocab_size = model_shape(root / "reference" / "distilbert" / "pytorch" / "config.json")
             for variant in ("int8", "int8-optimized"):
-                profiles[f"distilbert/onnx-{variant}"] = profile_ops(reference / variant / "model.onnx", longest, 30522,
-                                                                     bcfg.profile_runs, tmp)
+                profiles[f"distilbert/onnx-{variant}"] = profile_ops(reference / variant / "model.onnx", longest,
+                                                                     vocab_size, bcfg.profile_runs, tmp)
             for trace in tmp.glob("*.json"):
                 if trace.name != "benchmark.json":
                     trace.unlink()
