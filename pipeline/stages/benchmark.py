@@ -123,17 +123,22 @@ def percentiles(times_ms: list[float]) -> dict:
     return {"p50": round(float(np.percentile(times_ms, 50)), 3), "p90": round(float(np.percentile(times_ms, 90)), 3)}
 
 
-def time_onnx(path: str, sequence_length: int, threads: int, vocab_size: int, cfg: BenchmarkConfig) -> dict:
-    session = onnx_session(path, threads)
-    feed = synthetic_feed(session, sequence_length, vocab_size)
+def timed(run_once, cfg: BenchmarkConfig) -> dict:
+    """p50/p90 in ms of `run_once()` over cfg.runs calls after cfg.warmup untimed ones."""
     for _ in range(cfg.warmup):
-        session.run(None, feed)
+        run_once()
     times = []
     for _ in range(cfg.runs):
         start = time.perf_counter()
-        session.run(None, feed)
+        run_once()
         times.append((time.perf_counter() - start) * 1000)
     return percentiles(times)
+
+
+def time_onnx(path: str, sequence_length: int, threads: int, vocab_size: int, cfg: BenchmarkConfig) -> dict:
+    session = onnx_session(path, threads)
+    feed = synthetic_feed(session, sequence_length, vocab_size)
+    return timed(lambda: session.run(None, feed), cfg)
 
 
 def time_pytorch(model, sequence_length: int, threads: int, vocab_size: int, cfg: BenchmarkConfig) -> dict:
@@ -143,15 +148,8 @@ def time_pytorch(model, sequence_length: int, threads: int, vocab_size: int, cfg
     generator = torch.Generator().manual_seed(0)
     inputs = {"input_ids": torch.randint(5, vocab_size, (1, sequence_length), generator=generator),
               "attention_mask": torch.ones(1, sequence_length, dtype=torch.long)}
-    times = []
     with torch.inference_mode():
-        for _ in range(cfg.warmup):
-            model(**inputs)
-        for _ in range(cfg.runs):
-            start = time.perf_counter()
-            model(**inputs)
-            times.append((time.perf_counter() - start) * 1000)
-    return percentiles(times)
+        return timed(lambda: model(**inputs), cfg)
 
 
 def measure_in_this_process(item: dict, cfg: BenchmarkConfig) -> dict:
@@ -238,14 +236,7 @@ def time_gemm_floor(path: Path, sequence_length: int, cfg: BenchmarkConfig) -> d
     session = onnx_session(path, 1)
     rng = np.random.default_rng(0)
     feed = {i.name: rng.integers(0, 256, size=i.shape, dtype=np.uint8) for i in session.get_inputs()}
-    for _ in range(cfg.warmup):
-        session.run(None, feed)
-    times = []
-    for _ in range(cfg.runs):
-        start = time.perf_counter()
-        session.run(None, feed)
-        times.append((time.perf_counter() - start) * 1000)
-    return percentiles(times)
+    return timed(lambda: session.run(None, feed), cfg)
 
 
 def profile_ops(path: Path, sequence_length: int, vocab_size: int, runs: int, scratch: Path) -> list[dict]:
