@@ -7,6 +7,7 @@ from pathlib import Path
 
 from snakemake.utils import validate
 
+from pipeline.artifacts import EXPORTED_MODELS
 from pipeline.config import PipelineConfig, from_dict, to_dict
 
 configfile: str(Path(workflow.basedir) / "configs" / "default.yaml")
@@ -29,8 +30,6 @@ LIGHT_RESOURCES = {"mem_mb": CFG.compute.light_mem_mb, "gpu": 0}
 # take half the cores each: small models use two threads poorly, so on this 2-core machine two 1-thread jobs
 # finish in about 60 % of the time of one 2-thread job after the other.
 PAIRED_THREADS = max(1, workflow.cores // 2)
-# Models exported for devices, and the stage output each comes from: every comparison is like for like.
-EXPORTED_MODELS = {"student": "distill_squad", "student_ce_only": "student_finetune", "teacher": "teacher"}
 EXPORT_SECTIONS = ("seed", "squad", "export")
 
 

@@ -11,6 +11,9 @@ import shutil
 from pathlib import Path
 from typing import Any, Iterator
 
+# Models exported for devices, and the stage folder each comes from (the Snakefile, benchmark and report share it).
+EXPORTED_MODELS = {"student": "distill_squad", "student_ce_only": "student_finetune", "teacher": "teacher"}
+
 
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write to a temporary name beside `path`, then rename: a killed job never leaves a complete-looking file."""

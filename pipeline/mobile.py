@@ -81,6 +81,13 @@ class QuestionAnswerer:
         if unknown:
             raise BundleError(f"{model_path}: unexpected model inputs {sorted(unknown)}")
 
+    @classmethod
+    def with_squad_settings(cls, model_path, tokenizer_path, squad_settings, threads: int | None = None):
+        """An answerer with the windowing and n-best settings of a config's `squad` section."""
+        return cls(model_path, tokenizer_path, max_seq_length=squad_settings.max_seq_length,
+                   doc_stride=squad_settings.doc_stride, n_best_size=squad_settings.n_best_size,
+                   max_answer_length=squad_settings.max_answer_length, threads=threads)
+
     def _load_tokenizer(self, tokenizer_path: str | Path) -> None:
         self.question_tokenizer = Tokenizer.from_file(str(tokenizer_path))  # counts question tokens, never truncates
         self.question_tokenizer.no_truncation()

@@ -118,7 +118,7 @@ def evaluate_qa(
         dev_examples, windows, start_logits, end_logits,
         n_best_size=cfg.n_best_size, max_answer_length=cfg.max_answer_length,
     )
-    gold = {example_id: answers["text"] for example_id, answers in zip(dev_examples["id"], dev_examples["answers"])}
+    gold = squad.gold_answers(dev_examples)
     scores = squad.squad_v1_scores(gold, predictions)
     metrics = {
         "exact_match": round(scores["exact_match"], 3),

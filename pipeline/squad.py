@@ -300,12 +300,23 @@ def squad_v1_scores(gold_answers: Mapping[str, list[str]], predictions: Mapping[
     }
 
 
+def gold_answers(examples) -> dict[str, list[str]]:
+    """Question id → gold answer texts of examples with "id" and "answers" columns (a Dataset or a dict of lists)."""
+    return {example_id: answers["text"] for example_id, answers in zip(examples["id"], examples["answers"])}
+
+
+def questions(examples) -> list[dict[str, str]]:
+    """The examples as {"id", "question", "context"} records, the input of the torch-free answerer."""
+    return [{"id": i, "question": q, "context": c}
+            for i, q, c in zip(examples["id"], examples["question"], examples["context"])]
+
+
 def gold_answers_from_squad_json(path: str | Path) -> dict[str, list[str]]:
     """Question id → gold answer texts from a SQuAD v1.1/v2.0 file; v2 unanswerable questions are left out."""
     from pipeline.data import load_squad  # datasets is heavy; the torch-free answerer imports this module
 
     dataset, _ = load_squad(str(path), on_bad_example="error")
-    return {example_id: answers["text"] for example_id, answers in zip(dataset["id"], dataset["answers"])}
+    return gold_answers(dataset)
 
 
 def read_predictions_json(path: str | Path) -> dict[str, str]:

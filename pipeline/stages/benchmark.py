@@ -29,14 +29,12 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.artifacts import atomic_output_dir, atomic_write_json, directory_size_bytes, megabytes, read_json, setup_logging
+from pipeline.artifacts import EXPORTED_MODELS, atomic_output_dir, atomic_write_json, directory_size_bytes, megabytes, read_json, setup_logging
 from pipeline.config import BenchmarkConfig, PipelineConfig, config_from_json
 from pipeline.latency import cpu_description, onnx_session, synthetic_feed
 
 logger = logging.getLogger(__name__)
 
-# Exported model -> the training stage it came from (as in the Snakefile).
-EXPORTED_MODELS = {"student": "distill_squad", "student_ce_only": "student_finetune", "teacher": "teacher"}
 COREML_UNTIMED = "CoreML prediction runs only on macOS; this benchmark ran on Linux"
 
 

@@ -199,8 +199,7 @@ def run(cfg: PipelineConfig, quantized_dir: Path, coreml_dir: Path, model_dir: P
         raise GateError(f"{quantized_dir}/quantize.json: no int8 variant passed its gates, nothing to bundle")
     coreml = read_json(coreml_dir / "coreml.json")
     dev, _ = load_squad(str(data_dir / "dev.jsonl"))
-    examples = [{"id": i, "question": q, "context": c} for i, q, c in zip(dev["id"], dev["question"], dev["context"])]
-    gold = {example_id: answers["text"] for example_id, answers in zip(dev["id"], dev["answers"])}
+    examples, gold = squad.questions(dev), squad.gold_answers(dev)
     pytorch_predictions = read_json(model_dir / "predictions.json")
     pytorch_f1 = read_json(model_dir / "metrics.json")["f1"]
     source = quantized_dir / choice
@@ -214,17 +213,16 @@ def run(cfg: PipelineConfig, quantized_dir: Path, coreml_dir: Path, model_dir: P
         for package in coreml["packages"].values():
             shutil.copytree(coreml_dir / package["path"], tmp / "coreml" / package["path"])
 
-        settings = dict(max_seq_length=cfg.squad.max_seq_length, doc_stride=cfg.squad.doc_stride,
-                        n_best_size=cfg.squad.n_best_size, max_answer_length=cfg.squad.max_answer_length)
         reports, predictions = [], {}
         for name, path in (("onnx", tmp / ONNX_NAME), ("ort", ort_path)):
-            answerer = mobile.QuestionAnswerer(path, tmp / "tokenizer.json", threads=1, **settings)
+            answerer = mobile.QuestionAnswerer.with_squad_settings(path, tmp / "tokenizer.json", cfg.squad, threads=1)
             predictions[name] = answerer.predict(examples)
             reports.append(compressed_model_report(f"{out_dir}/{path.name}", predictions[name], pytorch_predictions,
                                                    gold, pytorch_f1, cfg.export.gates.min_answer_agreement,
                                                    cfg.export.gates.max_f1_drop))
         raise_for_failures(reports, str(out_dir))
-        answerer = mobile.QuestionAnswerer(tmp / ONNX_NAME, tmp / "tokenizer.json", threads=1, **settings)
+        answerer = mobile.QuestionAnswerer.with_squad_settings(tmp / ONNX_NAME, tmp / "tokenizer.json", cfg.squad,
+                                                               threads=1)
         tokenizer_config = read_json(source / "tokenizer_config.json") if (source / "tokenizer_config.json").is_file() else {}
         config = qa_config(cfg, answerer, coreml, tokenizer_config)
         atomic_write_json(tmp / "qa_config.json", config)

@@ -230,7 +230,7 @@ def run(cfg: PipelineConfig, model_dir: Path, data_dir: Path | None, out_dir: Pa
 
         dev, _ = load_squad(str(data_dir / "dev.jsonl"))
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        gold = {example_id: answers["text"] for example_id, answers in zip(dev["id"], dev["answers"])}
+        gold = squad.gold_answers(dev)
         pytorch_predictions = read_json(model_dir / "predictions.json")
         pytorch_f1 = read_json(model_dir / "metrics.json")["f1"]
 

@@ -135,15 +135,11 @@ def run(cfg: PipelineConfig, model_dir: Path, data_dir: Path, out_dir: Path) -> 
         raise_for_failures(parity, str(out_dir))
 
         # Both graphs through the torch-free answerer: its own tokenization, windows and n-best.
-        examples = [{"id": i, "question": q, "context": c} for i, q, c in zip(dev["id"], dev["question"], dev["context"])]
-        gold = {example_id: answers["text"] for example_id, answers in zip(dev["id"], dev["answers"])}
+        examples, gold = squad.questions(dev), squad.gold_answers(dev)
         dev_scores = {}
         for variant in ("fp32", "optimized"):
-            answerer = mobile.QuestionAnswerer(
-                tmp / variant / MODEL_FILE, tmp / variant / "tokenizer.json", max_seq_length=cfg.squad.max_seq_length,
-                doc_stride=cfg.squad.doc_stride, n_best_size=cfg.squad.n_best_size,
-                max_answer_length=cfg.squad.max_answer_length, threads=1,
-            )
+            answerer = mobile.QuestionAnswerer.with_squad_settings(
+                tmp / variant / MODEL_FILE, tmp / variant / "tokenizer.json", cfg.squad, threads=1)
             predictions = answerer.predict(examples)
             agreement = answer_agreement(predictions, pytorch_predictions)
             if agreement < gates.min_reference_agreement:

@@ -98,6 +98,24 @@ def weight_storage(path: Path) -> dict:
     return {"ops": dict(sorted(ops.items(), key=lambda item: -item[1])), "stored_bytes_by_dtype": stored}
 
 
+def build_variants(onnx_dir: Path, out_dir: Path, settings: dict, int4_block_size: int | None,
+                   int4_embeddings: bool) -> list[str]:
+    """int8 (naive), int8-optimized (fused) and, unless int4_block_size is None, int4, each in its own folder of
+    out_dir with the fp32 export's config and tokenizer; returns the variant names."""
+    builds = {
+        "int8": lambda target: quantize_int8(onnx_dir / "fp32" / MODEL_FILE, target, settings, fused=False),
+        "int8-optimized": lambda target: quantize_int8(onnx_dir / "optimized" / MODEL_FILE, target, settings,
+                                                       fused=True),
+    }
+    if int4_block_size is not None:
+        builds["int4"] = lambda target: quantize_int4(onnx_dir / "fp32" / MODEL_FILE, target, int4_block_size,
+                                                      int4_embeddings)
+    for name, build in builds.items():
+        copy_side_files(onnx_dir / "fp32", out_dir / name)
+        build(out_dir / name / MODEL_FILE)
+    return list(builds)
+
+
 def copy_side_files(source_dir: Path, target_dir: Path) -> None:
     target_dir.mkdir(parents=True, exist_ok=True)
     for path in source_dir.iterdir():
@@ -128,30 +146,18 @@ def run(cfg: PipelineConfig, onnx_dir: Path, model_dir: Path, data_dir: Path, ou
     qcfg, gates = cfg.export.quantize, cfg.export.gates
     settings = quantization_settings(qcfg)
     dev, _ = load_squad(str(data_dir / "dev.jsonl"))
-    examples = [{"id": i, "question": q, "context": c} for i, q, c in zip(dev["id"], dev["question"], dev["context"])]
-    gold = {example_id: answers["text"] for example_id, answers in zip(dev["id"], dev["answers"])}
+    examples, gold = squad.questions(dev), squad.gold_answers(dev)
     pytorch_predictions = read_json(model_dir / "predictions.json")
     pytorch_f1 = read_json(model_dir / "metrics.json")["f1"]
     vocab_size = read_json(onnx_dir / "fp32" / "config.json")["vocab_size"]
 
     with atomic_output_dir(out_dir) as tmp:
-        builds = {
-            "int8": lambda target: quantize_int8(onnx_dir / "fp32" / MODEL_FILE, target, settings, fused=False),
-            "int8-optimized": lambda target: quantize_int8(onnx_dir / "optimized" / MODEL_FILE, target, settings,
-                                                           fused=True),
-        }
-        if qcfg.int4:
-            builds["int4"] = lambda target: quantize_int4(onnx_dir / "fp32" / MODEL_FILE, target, qcfg.int4_block_size,
-                                                           qcfg.int4_embeddings)
+        names = build_variants(onnx_dir, tmp, settings, qcfg.int4_block_size if qcfg.int4 else None,
+                               qcfg.int4_embeddings)
         variants, reports = {}, []
-        for name, build in builds.items():
-            copy_side_files(onnx_dir / "fp32", tmp / name)
-            build(tmp / name / MODEL_FILE)
-            answerer = mobile.QuestionAnswerer(
-                tmp / name / MODEL_FILE, tmp / name / "tokenizer.json", max_seq_length=cfg.squad.max_seq_length,
-                doc_stride=cfg.squad.doc_stride, n_best_size=cfg.squad.n_best_size,
-                max_answer_length=cfg.squad.max_answer_length, threads=threads,
-            )
+        for name in names:
+            answerer = mobile.QuestionAnswerer.with_squad_settings(
+                tmp / name / MODEL_FILE, tmp / name / "tokenizer.json", cfg.squad, threads=threads)
             predictions = answerer.predict(examples)
             atomic_write_json(tmp / name / "predictions.json", predictions)
             report = compressed_model_report(f"{out_dir}/{name}", predictions, pytorch_predictions, gold, pytorch_f1,

@@ -99,21 +99,12 @@ def run(cfg: PipelineConfig, architecture: str, out_dir: Path) -> dict:
         ]
         raise_for_failures(parity, str(out_dir))
 
-        builds = {
-            "int8": lambda target: quantize.quantize_int8(onnx_dir / "fp32" / MODEL_FILE, target, settings, False),
-            "int8-optimized": lambda target: quantize.quantize_int8(onnx_dir / "optimized" / MODEL_FILE, target,
-                                                                    settings, True),
-        }
-        if with_device_formats:
-            builds["int4"] = lambda target: quantize.quantize_int4(onnx_dir / "fp32" / MODEL_FILE, target,
-                                                                   cfg.export.quantize.int4_block_size, embeddings=True)
-        for variant, build in builds.items():
-            quantize.copy_side_files(onnx_dir / "fp32", onnx_dir / variant)
-            build(onnx_dir / variant / MODEL_FILE)
+        int4_block_size = cfg.export.quantize.int4_block_size if with_device_formats else None
+        quantized = quantize.build_variants(onnx_dir, onnx_dir, settings, int4_block_size, int4_embeddings=True)
 
         packages = export_coreml_packages(pytorch_dir, tmp / "coreml", cfg, out_dir) if with_device_formats else {}
         onnx_sizes = {variant: megabytes(directory_size_bytes(onnx_dir / variant / MODEL_FILE))
-                      for variant in ["fp32", "optimized", *builds]}
+                      for variant in ["fp32", "optimized", *quantized]}
         metrics = {
             "architecture": architecture,
             "shape": {key: model_config[key] for key in ("n_layers", "num_hidden_layers", "dim", "hidden_size",

@@ -11,7 +11,7 @@ import json
 import logging
 from pathlib import Path
 
-from pipeline.artifacts import atomic_write_json, atomic_write_text, read_json, setup_logging
+from pipeline.artifacts import EXPORTED_MODELS, atomic_write_json, atomic_write_text, read_json, setup_logging
 from pipeline.config import PipelineConfig, config_from_json
 
 logger = logging.getLogger(__name__)
@@ -20,7 +20,6 @@ TARGET_SIZE_MB = 207  # DistilBERT on an iPhone 7 Plus (Sanh et al. 2019)
 PAPER_CPU_SPEEDUP = 1.6  # "60 % faster" than BERT-base on CPU (Sanh et al. 2019)
 SUMMARY_FIELDS = ("name", "model", "format", "precision", "path", "size_mb", "exact_match", "f1", "f1_source",
                   "latency_ms", "untimed_reason", "peak_rss_mb")
-TRAINED_MODELS = {"teacher": "teacher", "student": "distill_squad", "student_ce_only": "student_finetune"}
 TRAINING_LOGS = {"teacher_pretrain": "teacher_pretrain", "teacher_finetune": "teacher",
                  "distill_pretrain (main)": "distill_pretrain/main",
                  "distill_pretrain (random init)": "distill_pretrain/random_init_ablation",
@@ -66,7 +65,7 @@ def summary(cfg: PipelineConfig, root: Path, benchmark: dict) -> dict:
     by_name = {item["name"]: item for item in items}
     longest = max(cfg.benchmark.sequence_lengths)
     models = {}
-    for name, stage in TRAINED_MODELS.items():
+    for name, stage in EXPORTED_MODELS.items():
         metrics = read_json(root / stage / "metrics.json")
         models[name] = {"params": parameter_count(root / stage), "exact_match": metrics["exact_match"],
                         "f1": metrics["f1"]}
