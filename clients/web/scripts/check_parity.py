@@ -1,0 +1,120 @@
+"""Parity of the JavaScript client with the Python reference (pipeline.mobile) on one bundle and question file.
+
+Runs `node scripts/parity.mjs` on each backend, then compares with the Python answerer on the same questions:
+  * token ids and context offsets of every window of every question (must be identical),
+  * answer text per question (share of questions with the same text as `python -m pipeline answer --json`).
+Prints the figures, writes them as JSON with --out, and exits 1 when a window differs or the answer agreement is
+below --min-agreement.
+
+  .venv/bin/python clients/web/scripts/check_parity.py --bundle artifacts/bundle --questions artifacts/data/dev.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from pipeline import mobile
+
+CLIENT_DIR = Path(__file__).resolve().parents[1]
+
+
+def read_questions(path: Path) -> list[dict[str, str]]:
+    """JSON lines (the pipeline's dev.jsonl) or whatever `python -m pipeline answer --json` reads."""
+    if path.suffix != ".jsonl":
+        return mobile.read_questions(path)
+    questions = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if line.strip():
+            record = json.loads(line)
+            questions.append({"id": record["id"], "question": record["question"], "context": record["context"]})
+    return questions
+
+
+def run_javascript(bundle: Path, questions: Path, backend: str, tokenizer: str = "json") -> dict:
+    node_modules = CLIENT_DIR / "node_modules"
+    if not node_modules.is_dir():
+        raise SystemExit(f"error: {node_modules} is missing: run `npm ci` in {CLIENT_DIR}")
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Path(scratch) / "js.json"
+        command = ["node", str(CLIENT_DIR / "scripts" / "parity.mjs"), "--bundle", str(bundle), "--questions",
+                   str(questions), "--out", str(out), "--backend", backend, "--tokenizer", tokenizer]
+        completed = subprocess.run(command, capture_output=True, text=True)
+        if completed.returncode != 0:
+            raise SystemExit(f"error: {' '.join(command)} failed: {completed.stderr.strip()}")
+        return json.loads(out.read_text(encoding="utf-8"))
+
+
+def compare_windows(python_windows: mobile.Windows, js_windows: list[dict]) -> dict:
+    """Windows whose ids or context offsets differ, with the first difference of each (at most 5 listed)."""
+    differences = []
+    if len(js_windows) != len(python_windows):
+        differences.append(f"{len(js_windows)} JavaScript windows, {len(python_windows)} Python windows")
+    for index, js in enumerate(js_windows[: len(python_windows)]):
+        length = int(python_windows.attention_mask[index].sum())
+        ids = python_windows.input_ids[index, :length].tolist()
+        offsets = [list(o) if o is not None else None for o in python_windows.context_offsets[index][:length]]
+        if js["example_id"] != python_windows.example_ids[index]:
+            differences.append(f"window {index}: question {js['example_id']!r}, expected {python_windows.example_ids[index]!r}")
+        elif js["input_ids"] != ids:
+            differences.append(f"window {index} ({js['example_id']}): token ids differ")
+        elif js["context_offsets"] != offsets:
+            differences.append(f"window {index} ({js['example_id']}): context offsets differ")
+    return {"windows": len(python_windows), "windows_differing": len(differences), "first_differences": differences[:5]}
+
+
+def parity(bundle: Path, questions_path: Path, backends: list[str], tokenizer: str = "json") -> dict:
+    questions = read_questions(questions_path)
+    answerer = mobile.QuestionAnswerer.from_bundle(bundle, threads=1)
+    python_windows = answerer.windows(questions)
+    python_answers = answerer.predict(questions)
+    report = {"bundle": str(bundle), "questions": str(questions_path), "n_questions": len(questions),
+              "n_contexts": len({q["context"] for q in questions}), "backends": {}}
+    for backend in backends:
+        js = run_javascript(bundle, questions_path, backend, tokenizer)
+        same = [qid for qid, text in python_answers.items() if js["predictions"].get(qid) == text]
+        differing = [{"id": qid, "python": text, "javascript": js["predictions"].get(qid)}
+                     for qid, text in python_answers.items() if js["predictions"].get(qid) != text]
+        report["backends"][backend] = {
+            "answer_agreement": round(len(same) / max(len(questions), 1), 4),
+            "answers_same": len(same),
+            "answers_differing": differing[:10],
+            **compare_windows(python_windows, js["windows"]),
+            "javascript_seconds": round(js["seconds"], 3),
+        }
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bundle", type=Path, required=True)
+    parser.add_argument("--questions", type=Path, required=True, help="dev.jsonl, a JSON list or a SQuAD file")
+    parser.add_argument("--backends", nargs="+", default=["node", "web"], choices=["node", "web"])
+    parser.add_argument("--tokenizer", default="json", choices=["json", "vocab"],
+                        help="the JavaScript client reads tokenizer.json or vocab.txt")
+    parser.add_argument("--min-agreement", type=float, default=0.99)
+    parser.add_argument("--out", type=Path, help="write the figures here as JSON")
+    args = parser.parse_args(argv)
+    try:
+        report = parity(args.bundle, args.questions, args.backends, args.tokenizer)
+    except mobile.BundleError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    text = json.dumps(report, ensure_ascii=False, indent=1)
+    if args.out:
+        partial = args.out.with_name(args.out.name + ".partial")
+        partial.write_text(text + "\n", encoding="utf-8")
+        os.replace(partial, args.out)
+    print(text)
+    ok = all(b["windows_differing"] == 0 and b["answer_agreement"] >= args.min_agreement
+             for b in report["backends"].values())
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+// n-best answer spans over a question's windows: pipeline/squad.py's n_best_predictions, step for step.
+import { codePoints } from "./tokenizer.js";
+
+/** Positions of the n largest values, largest first (ties: the later position first, as numpy's argsort reversed). */
+export function topPositions(values, n) {
+  const order = Array.from(values.keys());
+  order.sort((a, b) => values[a] - values[b] || a - b);
+  return order.reverse().slice(0, n);
+}
+
+function isContextPosition(offsets, position) {
+  return position < offsets.length && offsets[position] !== null;
+}
+
+/** Valid spans among the top-n start x top-n end positions of one window. */
+export function windowCandidates(offsets, startLogits, endLogits, nBestSize, maxAnswerLength) {
+  const candidates = [];
+  for (const start of topPositions(startLogits, nBestSize)) {
+    for (const end of topPositions(endLogits, nBestSize)) {
+      if (!isContextPosition(offsets, start) || !isContextPosition(offsets, end)) continue;
+      if (end < start || end - start + 1 > maxAnswerLength) continue;
+      candidates.push({
+        charStart: offsets[start][0],
+        charEnd: offsets[end][1],
+        // The model's logits are float32 and so is their sum in the Python reference.
+        score: Math.fround(startLogits[start] + endLogits[end]),
+        startLogit: startLogits[start],
+        endLogit: endLogits[end],
+      });
+    }
+  }
+  return candidates;
+}
+
+/**
+ * Best candidates of one question over all its windows, best first: {text, start, end, score, startLogit, endLogit}.
+ * `windows` holds {offsets, startLogits, endLogits} per window; start/end are code point offsets in `context`.
+ */
+export function nBestAnswers(context, windows, nBestSize, maxAnswerLength) {
+  let candidates = [];
+  for (const window of windows) {
+    candidates = candidates.concat(
+      windowCandidates(window.offsets, window.startLogits, window.endLogits, nBestSize, maxAnswerLength),
+    );
+  }
+  // Array.prototype.sort is stable: equal scores keep window order, as Python's sorted() does.
+  candidates.sort((a, b) => b.score - a.score);
+  const contextChars = codePoints(context);
+  return candidates.slice(0, nBestSize).map((candidate) => ({
+    text: contextChars.slice(candidate.charStart, candidate.charEnd).join(""),
+    start: candidate.charStart,
+    end: candidate.charEnd,
+    score: candidate.score,
+    startLogit: candidate.startLogit,
+    endLogit: candidate.endLogit,
+  }));
+}
