@@ -204,8 +204,9 @@ class StudentConfig:
     n_layers: int | None = option(None, "Student depth; null: half the teacher's (DistilBERT: 12 -> 6).", minimum=1)
     layer_mapping: str | list[int] = option(
         "every_other",
-        "Teacher layer each student layer is copied from: every_other (12->6: 0,2,4,7,9,11), first_k, last_k, "
-        "uniform, or an explicit list of teacher layer indices.",
+        "Teacher layer each student layer is copied from: every_other (k layers spread evenly from the teacher's "
+        "bottom to its top, round(i*(L-1)/(k-1)): 12->6 is DistilBERT's 0,2,4,7,9,11, 12->4 is 0,4,7,11), first_k, "
+        "last_k, uniform (TinyBERT: 12->6 is 1,3,5,7,9,11), or an explicit list of teacher layer indices.",
     )
     init: Literal["teacher", "random"] = option("teacher", "Initialise from the teacher, or randomly (ablation).")
     fold_token_type_into_positions: bool = option(
@@ -257,7 +258,8 @@ class DistilBertObjectiveConfig:
 class PKDObjectiveConfig:
     """Patient KD (Sun et al. 2019): MSE between L2-normalised [CLS] states of mapped layers.
 
-    Paper grid: T in {5, 10, 20}, alpha in {0.2, 0.5, 0.7}, beta in {10, 100, 500, 1000}.
+    The loss is a mean over batch x layers x hidden, as in the reference code, so beta means what it means in the
+    paper. Paper grid: T in {5, 10, 20}, alpha in {0.2, 0.5, 0.7}, beta in {10, 100, 500, 1000}.
     """
 
     weight: float = option(100.0, "beta: weight of the patient loss.", minimum=0.0)
@@ -288,7 +290,10 @@ class DistillSquadConfig:
 
     alpha_task: float = option(0.5, "Weight of the cross-entropy against the gold start/end.", minimum=0.0)
     objectives: list[Literal["distilbert", "pkd", "tinybert"]] = option(
-        ["distilbert"], "Distillation objectives to combine: distilbert, pkd, tinybert."
+        ["distilbert"],
+        "Distillation objectives to combine: distilbert, pkd, tinybert. PKD is (1-alpha)*CE + alpha*KD + beta*PT "
+        "(Sun et al. 2019): its soft-target term is the distilbert objective, so pkd must be listed with distilbert "
+        "(alpha_task, distilbert.weight and pkd.weight are its 1-alpha, alpha and beta); pkd alone is refused.",
     )
     distilbert: DistilBertObjectiveConfig = section(DistilBertObjectiveConfig, "The DistilBERT soft-target loss.")
     pkd: PKDObjectiveConfig = section(PKDObjectiveConfig, "The PKD patient loss.")
@@ -301,6 +306,11 @@ class DistillSquadConfig:
     def __post_init__(self) -> None:
         if len(set(self.objectives)) != len(self.objectives):
             raise ConfigError(f"distill_squad.objectives: {self.objectives} lists an objective twice")
+        if "pkd" in self.objectives and "distilbert" not in self.objectives:
+            raise ConfigError(
+                f"distill_squad.objectives: {self.objectives} has pkd without its soft-target term; PKD is "
+                "(1-alpha)*CE + alpha*KD + beta*PT, so add 'distilbert' (the KD term) to the objectives"
+            )
 
 
 @dataclass

@@ -246,21 +246,21 @@ def pkd_teacher_layers(n_teacher_layers: int, n_student_layers: int, scheme: str
 
 
 def pkd_patient_loss(student_cls_states: Sequence[Tensor], teacher_cls_states: Sequence[Tensor]) -> Tensor:
-    """PKD patient loss: Σ_layers mean_batch ‖ s/‖s‖₂ − t/‖t‖₂ ‖₂² on [CLS] vectors.
+    """PKD patient loss: the mean over batch × layers × hidden of (s/‖s‖₂ − t/‖t‖₂)² on [CLS] vectors.
 
     Each list holds one ``[B, H]`` tensor per mapped layer pair (see ``pkd_teacher_layers``).
-    Normalising first makes the loss depend only on directions, as in PKD eq. (3); the paper sums
-    over examples, we average over the batch so the value does not depend on batch size.
+    Normalising first makes the loss depend only on directions, as in PKD eq. (3). The reduction is
+    the reference's (intersun/PKD ``patience_loss``: ``F.mse_loss`` of the normalised
+    ``[B, layers, H]`` states, a mean over every element), so the paper's β grid (10 … 1000) keeps
+    its meaning: for one layer pair this is ‖s/‖s‖ − t/‖t‖‖² averaged over the batch, divided by H.
     """
     _check_same_length(student_cls_states, teacher_cls_states, "pkd_patient_loss")
-    total = None
     for student_cls, teacher_cls in zip(student_cls_states, teacher_cls_states):
         _check_same_width(student_cls, teacher_cls, "pkd_patient_loss")
-        student_unit = F.normalize(student_cls, dim=-1)
-        teacher_unit = F.normalize(teacher_cls.detach(), dim=-1)
-        layer_loss = (student_unit - teacher_unit).pow(2).sum(dim=-1).mean()
-        total = layer_loss if total is None else total + layer_loss
-    return total
+    # [B, layers, H] in fp32, as the reference computes it (the states may come out of bf16 autocast).
+    student_units = torch.stack([F.normalize(s.float(), dim=-1) for s in student_cls_states], dim=1)
+    teacher_units = torch.stack([F.normalize(t.detach().float(), dim=-1) for t in teacher_cls_states], dim=1)
+    return F.mse_loss(student_units, teacher_units)
 
 
 # --------------------------------------------------------------------------------------------

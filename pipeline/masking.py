@@ -1,8 +1,8 @@
 """Dynamic masking for masked-language modelling: fresh masks every batch, no next-sentence prediction.
 
 Follows BERT (Devlin et al. 2019) and the DistilBERT reference distiller (Sanh et al. 2019): select
-`mlm_probability` of the real tokens, then replace 80% of them with [MASK], 10% with a random token and keep
-10%. With token-frequency smoothing the selection probability of a token is proportional to
+`mlm_probability` of the real tokens (see `mask_tokens` for how the count differs from the reference's), then
+replace 80% of them with [MASK], 10% with a random token of the whole vocabulary and keep 10%. With token-frequency smoothing the selection probability of a token is proportional to
 max(count, 1) ** -0.7, so frequent tokens are masked less often (DistilBERT's `mlm_smoothing`).
 """
 
@@ -35,7 +35,14 @@ def mask_tokens(
     """Return (masked input ids, labels); labels are -100 except at the selected positions.
 
     `special_tokens_mask` is True at [CLS]/[SEP]/[PAD] (never selected). Exactly
-    round(mlm_probability x real tokens) positions are selected per batch (at least one), as in the reference.
+    max(1, round(mlm_probability x maskable tokens)) positions are selected per batch, where the maskable tokens
+    are the non-special ones, drawn without replacement (weighted by `selection_weights` when given).
+
+    How this differs from the DistilBERT reference distiller: it selects ceil(mlm_probability x all tokens) per
+    batch, counting [CLS] and [SEP] although they can never be selected, so its real masked fraction is
+    mlm_probability x (n + 2) / n for lines of n tokens (0.15 -> 0.165 on 20-token lines; more on short lines).
+    Counting only maskable tokens keeps `mlm_probability` what it says (BERT's fraction of masked tokens) for
+    any line length; round instead of ceil changes the count by at most one token per batch.
     """
     eligible = ~special_tokens_mask.bool()
     weights = eligible.float()

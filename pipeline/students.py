@@ -43,9 +43,11 @@ def teacher_layers_for_student(
 
     Strategies, for a teacher of ``L`` layers and a student of ``k``:
 
-    - ``every_other``: the DistilBERT reference mapping, 12→6 gives [0, 2, 4, 7, 9, 11]. The first
-      ceil(k/2) student layers take teacher layers 0, 2, 4, …; the last floor(k/2) take …, L-5,
-      L-3, L-1, so the student keeps both the bottom and the top of the teacher.
+    - ``every_other``: the DistilBERT reference mapping, 12→6 gives [0, 2, 4, 7, 9, 11]: k teacher
+      layers spread evenly from the bottom (0) to the top (L-1), student layer i ← round(i·(L−1)/(k−1))
+      with halves rounded up. Other depths follow the same rule, so no block of the teacher is left
+      out: 12→4 gives [0, 4, 7, 11], 24→6 [0, 5, 9, 14, 18, 23], 12→3 [0, 6, 11], 6→3 [0, 3, 5],
+      4→2 [0, 3]. A 1-layer student copies layer 0 (next to the embeddings it also copies).
     - ``first_k``: 0, 1, …, k-1.
     - ``last_k``: L-k, …, L-1.
     - ``uniform``: TinyBERT's g(m) = m·L/k, i.e. student layer i ← round((i+1)·L/k) − 1 (halves
@@ -93,7 +95,7 @@ def _check_layer_counts(n_teacher_layers: int, n_student_layers: int, key: str) 
 
 def _named_strategy(strategy: str, n_teacher_layers: int, n_student_layers: int, key: str) -> list[int]:
     if strategy == "every_other":
-        return _every_other(n_teacher_layers, n_student_layers, key)
+        return _every_other(n_teacher_layers, n_student_layers)
     if strategy == "first_k":
         return list(range(n_student_layers))
     if strategy == "last_k":
@@ -106,18 +108,11 @@ def _named_strategy(strategy: str, n_teacher_layers: int, n_student_layers: int,
     )
 
 
-def _every_other(n_teacher_layers: int, n_student_layers: int, key: str) -> list[int]:
-    n_from_bottom = (n_student_layers + 1) // 2
-    n_from_top = n_student_layers // 2
-    from_bottom = [2 * i for i in range(n_from_bottom)]
-    from_top = [n_teacher_layers - 1 - 2 * i for i in reversed(range(n_from_top))]
-    layers = from_bottom + from_top
-    if not _strictly_increasing(layers):
-        raise LayerMappingError(
-            f"{key}: 'every_other' cannot take {n_student_layers} of {n_teacher_layers} teacher layers "
-            f"without reusing or reordering them (it would give {layers}); use 'uniform' or an explicit list"
-        )
-    return layers
+def _every_other(n_teacher_layers: int, n_student_layers: int) -> list[int]:
+    if n_student_layers == 1:
+        return [0]
+    # Evenly spaced over [0, L-1]; the spacing (L-1)/(k-1) >= 1 for k <= L, so the layers are distinct.
+    return [_round_half_up(i * (n_teacher_layers - 1), n_student_layers - 1) for i in range(n_student_layers)]
 
 
 def _explicit_mapping(layers: Sequence[int], n_teacher_layers: int, n_student_layers: int, key: str) -> list[int]:
@@ -144,10 +139,6 @@ def _explicit_mapping(layers: Sequence[int], n_teacher_layers: int, n_student_la
 def _round_half_up(numerator: int, denominator: int) -> int:
     """round(numerator / denominator) with halves rounded up, in exact integer arithmetic."""
     return (2 * numerator + denominator) // (2 * denominator)
-
-
-def _strictly_increasing(values: Sequence[int]) -> bool:
-    return all(earlier < later for earlier, later in zip(values, values[1:]))
 
 
 # --------------------------------------------------------------------------------------------

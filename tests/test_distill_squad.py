@@ -33,7 +33,7 @@ def logged_terms(tmp_path) -> set[str]:
     "objectives, expected_terms",
     [
         (["distilbert"], {"task", "kd"}),
-        (["pkd"], {"task", "pkd"}),
+        (["distilbert", "pkd"], {"task", "kd", "pkd"}),  # PKD = CE + KD + patient loss
         (["tinybert"], {"task", "tb_attention", "tb_hidden", "tb_embedding", "tb_prediction"}),
         (["distilbert", "pkd", "tinybert"], {"task", "kd", "pkd", "tb_attention", "tb_hidden"}),
     ],
@@ -74,6 +74,14 @@ def test_ce_only_baseline_uses_no_teacher(artifacts, tmp_path):
 def test_bad_config_values_fail_at_load_naming_the_key(overrides, key):
     with pytest.raises(ConfigError, match=key):
         tiny_config(distill_squad=overrides)
+
+
+def test_pkd_without_its_soft_target_term_is_refused_naming_the_missing_objective():
+    with pytest.raises(ConfigError, match=r"distill_squad\.objectives.*pkd.*add 'distilbert'"):
+        tiny_config(distill_squad={"objectives": ["pkd"]})
+    with pytest.raises(ConfigError, match="add 'distilbert'"):
+        tiny_config(distill_squad={"objectives": ["pkd", "tinybert"]})
+    assert tiny_config(distill_squad={"objectives": ["pkd", "distilbert"]}).distill_squad.objectives == ["pkd", "distilbert"]
 
 
 def test_layer_mapping_outside_the_teacher_fails_before_training(artifacts, tmp_path):

@@ -294,7 +294,31 @@ def test_pkd_patient_loss_compares_normalised_cls_vectors():
     student = [torch.tensor([[3.0, 4.0]]), torch.tensor([[1.0, 0.0]])]
     teacher = [torch.tensor([[1.0, 0.0]]), torch.tensor([[2.0, 0.0]])]
     # Layer 1: (0.6, 0.8) vs (1, 0) → 0.4² + 0.8² = 0.8. Layer 2: same direction → 0.
-    assert pkd_patient_loss(student, teacher).item() == pytest.approx(0.8, rel=1e-6)
+    # Mean over 1 example × 2 layers × 2 hidden units = 0.8 / 4.
+    assert pkd_patient_loss(student, teacher).item() == pytest.approx(0.2, rel=1e-6)
+
+
+def test_pkd_patient_loss_is_the_reference_mean_over_batch_layers_and_hidden():
+    # The reference (intersun/PKD patience_loss) is F.mse_loss of the normalised [B, layers, H] states:
+    # one mean over every element. Written out with loops over B = 2, layers = 3, H = 4.
+    generator = torch.Generator().manual_seed(1)
+    student = [torch.randn(2, 4, generator=generator) for _ in range(3)]
+    teacher = [torch.randn(2, 4, generator=generator) for _ in range(3)]
+    total, count = 0.0, 0
+    for student_layer, teacher_layer in zip(student, teacher):
+        for s_row, t_row in zip(student_layer.tolist(), teacher_layer.tolist()):
+            s_norm, t_norm = math.sqrt(sum(x * x for x in s_row)), math.sqrt(sum(x * x for x in t_row))
+            for s, t in zip(s_row, t_row):
+                total += (s / s_norm - t / t_norm) ** 2
+                count += 1
+    assert count == 2 * 3 * 4
+    assert pkd_patient_loss(student, teacher).item() == pytest.approx(total / count, rel=1e-5)
+    # β keeps the paper's meaning: the value does not grow with the width or the number of layers.
+    wide = [torch.cat([layer, layer], dim=-1) / math.sqrt(2) for layer in student]
+    wide_teacher = [torch.cat([layer, layer], dim=-1) / math.sqrt(2) for layer in teacher]
+    assert pkd_patient_loss(wide, wide_teacher).item() == pytest.approx(total / count / 2, rel=1e-5)
+    repeated_layers = pkd_patient_loss(student + student, teacher + teacher)  # 6 layer pairs, same errors
+    assert repeated_layers.item() == pytest.approx(total / count, rel=1e-5)
 
 
 def test_pkd_patient_loss_ignores_vector_length():

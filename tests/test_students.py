@@ -35,20 +35,33 @@ def teacher() -> BertForMaskedLM:
 @pytest.mark.parametrize(
     ("n_teacher", "n_student", "expected"),
     [
-        (12, 6, [0, 2, 4, 7, 9, 11]),  # the DistilBERT reference mapping
-        (4, 2, [0, 3]),
-        (6, 3, [0, 2, 5]),
+        (12, 6, [0, 2, 4, 7, 9, 11]),  # the DistilBERT reference mapping, exactly
+        (4, 2, [0, 3]),  # the offline default
+        (12, 4, [0, 4, 7, 11]),
+        (24, 6, [0, 5, 9, 14, 18, 23]),
+        (12, 3, [0, 6, 11]),
+        (6, 3, [0, 3, 5]),
         (12, 7, [0, 2, 4, 6, 7, 9, 11]),
+        (12, 8, [0, 2, 3, 5, 6, 8, 9, 11]),
+        (12, 12, list(range(12))),
         (12, 1, [0]),
     ],
 )
-def test_every_other_keeps_bottom_and_top_teacher_layers(n_teacher, n_student, expected):
+def test_every_other_spreads_the_student_evenly_from_bottom_to_top(n_teacher, n_student, expected):
     assert teacher_layers_for_student("every_other", n_teacher, n_student) == expected
 
 
-def test_every_other_refuses_a_student_too_deep_to_skip_layers():
-    with pytest.raises(LayerMappingError, match="student.layer_mapping.*'uniform'"):
-        teacher_layers_for_student("every_other", 12, 8)  # would give 0,2,4,6,5,7,9,11
+@pytest.mark.parametrize("n_teacher", [2, 4, 6, 12, 24, 48])
+def test_every_other_leaves_no_block_of_the_teacher_uncopied(n_teacher):
+    # Evenly spread: distinct increasing layers from 0 to L-1, and no gap between copied layers
+    # wider than ceil((L-1)/(k-1)) (12->4 once took [0, 2, 9, 11], a gap of 7).
+    for n_student in range(2, n_teacher + 1):
+        layers = teacher_layers_for_student("every_other", n_teacher, n_student)
+        assert layers[0] == 0 and layers[-1] == n_teacher - 1
+        gaps = [later - earlier for earlier, later in zip(layers, layers[1:])]
+        assert min(gaps) >= 1
+        assert max(gaps) <= -(-(n_teacher - 1) // (n_student - 1)), (n_teacher, n_student, layers)
+        assert max(gaps) - min(gaps) <= 1, (n_teacher, n_student, layers)
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,7 @@ from pipeline.losses import hidden_cosine_loss, logits_mse_loss, masked_lm_loss,
 from pipeline.masking import mask_tokens, selection_weights_from_counts
 from pipeline.mlm import collate_sequences, masked_token_accuracy, read_corpus_lines, special_token_ids, tokenize_corpus
 from pipeline.stages.token_counts import load_token_counts
-from pipeline.train import maybe_compile, prepare_run, train
+from pipeline.train import maybe_compile, prepare_run, train, use_bf16
 
 logger = logging.getLogger(__name__)
 
@@ -92,8 +92,9 @@ def run(
     tokenizer = AutoTokenizer.from_pretrained(student_dir)
     student = DistilBertForMaskedLM.from_pretrained(student_dir).to(device)
     teacher = freeze(BertForMaskedLM.from_pretrained(teacher_source)).to(device)
-    if device.type == "cuda" and dcfg.train.bf16:
-        teacher = teacher.to(torch.bfloat16)  # frozen: bf16 halves its memory and time at no training cost
+    if use_bf16(dcfg.train, device):
+        # Frozen: bf16 weights halve its memory and time; only where the loop itself trains under bf16 autocast.
+        teacher = teacher.to(torch.bfloat16)
     student_forward = maybe_compile(student.distilbert, dcfg.train, device)
 
     sequences = tokenize_corpus(read_corpus_lines(data_dir / "corpus_train.txt"), tokenizer, dcfg.max_seq_length)
@@ -126,8 +127,10 @@ def run(
         fingerprint=run_id, description="distill_pretrain",
         example_lengths=[len(sequence) for sequence in sequences],
     )
+    # Both models are scored in fp32 on the same masks, whatever precision the teacher trained in.
     accuracy = masked_token_accuracy(
-        {"student": student, "teacher": teacher}, heldout, tokenizer, dcfg.mlm_mask_prop, seed=cfg.seed, device=device
+        {"student": student, "teacher": teacher.float()}, heldout, tokenizer, dcfg.mlm_mask_prop, seed=cfg.seed,
+        device=device,
     )
     metrics = {
         **result.as_metrics(),

@@ -19,10 +19,12 @@ import argparse
 import json
 import logging
 import shutil
+import time
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 from transformers import AutoTokenizer, BertForQuestionAnswering, DistilBertForQuestionAnswering
 
 from pipeline import qa
@@ -42,7 +44,7 @@ from pipeline.losses import (
 )
 from pipeline.stages.distill_pretrain import freeze
 from pipeline.students import LayerMappingError, teacher_layers_for_student
-from pipeline.train import prepare_run, train
+from pipeline.train import prepare_run, train, use_bf16
 
 logger = logging.getLogger(__name__)
 
@@ -98,27 +100,66 @@ def kd_positions(batch: dict[str, torch.Tensor], sep_token_id: int) -> torch.Ten
 
 
 @torch.no_grad()
-def teacher_window_logits(teacher, windows: dict[str, torch.Tensor], batch_size: int, device) -> dict[str, torch.Tensor]:
-    """The frozen teacher's start/end logits for every training window, computed once."""
+def teacher_window_logits(
+    teacher, windows: dict[str, torch.Tensor], batch_size: int, device, autocast_bf16: bool = False
+) -> dict[str, torch.Tensor]:
+    """The frozen teacher's start/end logits for every training window, computed once.
+
+    With ``autocast_bf16`` the teacher runs under the same bf16 autocast as the training loop's live teacher
+    forward, so cached and live targets agree; they are stored in fp32 either way.
+    """
     starts, ends = [], []
     for begin in range(0, len(windows["input_ids"]), batch_size):
         batch = {n: t[begin : begin + batch_size].to(device) for n, t in windows.items() if n in qa.MODEL_INPUT_NAMES}
-        output = teacher(**qa.model_inputs(batch, teacher))
+        with torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16, enabled=autocast_bf16):
+            output = teacher(**qa.model_inputs(batch, teacher))
         starts.append(output.start_logits.float().cpu())
         ends.append(output.end_logits.float().cpu())
     return {"teacher_start_logits": torch.cat(starts), "teacher_end_logits": torch.cat(ends)}
 
 
-def cached_teacher_logits(teacher, windows, batch_size, device, cache_path: Path) -> dict[str, torch.Tensor]:
+CACHE_SECONDS_KEY = "compute_seconds"  # safetensors metadata: what computing the cache cost
+
+
+def cached_teacher_logits(
+    teacher, windows, batch_size, device, cache_path: Path, autocast_bf16: bool = False
+) -> tuple[dict[str, torch.Tensor], float]:
+    """(teacher logits for every window, seconds it took to compute them), from ``cache_path`` when present.
+
+    A reused cache reports the seconds its computation took, so throughput figures do not depend on whether
+    the file already existed. A cache that does not match the windows raises ValueError naming the file.
+    """
     if cache_path.is_file():
         logger.info("reusing cached teacher logits %s", cache_path)
-        return load_file(str(cache_path))
-    logits = teacher_window_logits(teacher, windows, batch_size, device)
+        return _load_teacher_logits(cache_path, windows["input_ids"].shape)
+    start = time.perf_counter()
+    logits = teacher_window_logits(teacher, windows, batch_size, device, autocast_bf16)
+    seconds = time.perf_counter() - start
     cache_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = cache_path.with_name(cache_path.name + ".tmp")
-    save_file(logits, str(tmp))
+    save_file(logits, str(tmp), metadata={CACHE_SECONDS_KEY: repr(seconds)})
     tmp.replace(cache_path)
-    return logits
+    return logits, seconds
+
+
+def _load_teacher_logits(cache_path: Path, window_shape: torch.Size) -> tuple[dict[str, torch.Tensor], float]:
+    try:
+        with safe_open(str(cache_path), framework="pt") as cache:
+            logits = {name: cache.get_tensor(name) for name in cache.keys()}
+            metadata = cache.metadata() or {}
+    except (OSError, SafetensorError) as error:
+        raise ValueError(f"{cache_path}: unreadable teacher-logit cache ({error}); delete it to recompute") from None
+    expected = {"teacher_start_logits", "teacher_end_logits"}
+    if set(logits) != expected:
+        raise ValueError(f"{cache_path}: teacher-logit cache holds {sorted(logits)}, expected {sorted(expected)}; "
+                         "delete it to recompute")
+    for name, tensor in logits.items():
+        if tuple(tensor.shape) != tuple(window_shape):
+            raise ValueError(
+                f"{cache_path}: {name} has shape {list(tensor.shape)} but there are {window_shape[0]} training "
+                f"windows of {window_shape[1]} tokens; delete the cache to recompute it"
+            )
+    return logits, float(metadata.get(CACHE_SECONDS_KEY, "0.0"))
 
 
 class SquadDistillationLoss:
@@ -224,10 +265,15 @@ def run(
         files=[data_dir / "train.jsonl", student_dir] + ([teacher_dir] if teacher_dir else []),
     )
     use_cache = teacher is not None and dcfg.cache_teacher_logits and set(dcfg.objectives) <= LOGIT_ONLY_OBJECTIVES
+    cache_seconds = 0.0
     if use_cache:
-        windows |= cached_teacher_logits(
-            teacher, windows, cfg.squad.eval_batch_size, device, work_dir / f"teacher_logits-{run_id}.safetensors"
+        # The cache runs in the precision the live teacher would run in during training (bf16 autocast on CUDA).
+        autocast_bf16 = use_bf16(dcfg.train, device)
+        cache_path = work_dir / f"teacher_logits-{run_id}-{'bf16' if autocast_bf16 else 'fp32'}.safetensors"
+        logits, cache_seconds = cached_teacher_logits(
+            teacher, windows, cfg.squad.eval_batch_size, device, cache_path, autocast_bf16
         )
+        windows |= logits
     loss = SquadDistillationLoss(student, teacher, dcfg, plan, projection, tokenizer.sep_token_id)
     result = train(
         module=trainable, compute_loss=loss, examples=list(range(len(windows["input_ids"]))),
@@ -236,12 +282,18 @@ def run(
         description="distill_squad" if teacher else "student_finetune", example_lengths=qa.window_lengths(windows),
     )
     dev_metrics, predictions = qa.evaluate_qa(student, tokenizer, dev, cfg.squad, device)
+    training = result.as_metrics()
+    # Time and throughput include the teacher-logit cache, so a cached run compares fairly with a live-teacher run.
+    train_seconds = result.train_seconds + cache_seconds
+    training["train_seconds"] = round(train_seconds, 3)
+    training["tokens_per_second"] = round(result.tokens_per_second * result.train_seconds / max(train_seconds, 1e-9), 1)
     metrics = {
         **dev_metrics,
-        **result.as_metrics(),
+        **training,
         "objectives": list(dcfg.objectives) if teacher else [],
         "alpha_task": dcfg.alpha_task,
         "teacher_logits_cached": use_cache,
+        "teacher_cache_seconds": round(cache_seconds, 3),
         "layer_plan": {k: v for k, v in plan.items() if k != "needs_projection"},
         "n_train_windows": len(windows["input_ids"]),
         "n_parameters": student.num_parameters(),
