@@ -21,6 +21,7 @@ COMMANDS = {
     "export-reference": ("pipeline.stages.reference", "main"),
     "bundle": ("pipeline.stages.bundle", "main"),
     "benchmark": ("pipeline.stages.benchmark", "main"),
+    "benchmark-web": ("pipeline.stages.benchmark_web", "main"),
     "report": ("pipeline.stages.report", "main"),
     "answer": ("pipeline.mobile", "main"),
     "evaluate-predictions": ("pipeline.squad", "evaluate_predictions_main"),
