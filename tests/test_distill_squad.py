@@ -114,3 +114,122 @@ def test_freeze_word_embeddings_keeps_only_the_word_embeddings_fixed(artifacts, 
     assert torch.equal(before[words], after[words]) == freeze
     positions = "distilbert.embeddings.position_embeddings.weight"
     assert not torch.equal(before[positions], after[positions])
+
+
+# ---------------------------------------------------------------- which positions the KD term covers
+
+
+def tiny_windows(artifacts, n_examples=8):
+    from transformers import AutoTokenizer
+
+    from pipeline import qa
+    from pipeline.data import load_squad
+
+    tokenizer = AutoTokenizer.from_pretrained(artifacts["student"])
+    examples, _ = load_squad(str(artifacts["data"] / "train.jsonl"))
+    windows = qa.train_window_tensors(examples.select(range(n_examples)), tokenizer, tiny_config().squad)
+    return tokenizer, windows
+
+
+def tiny_models(artifacts):
+    from transformers import BertForQuestionAnswering, DistilBertForQuestionAnswering
+
+    torch.manual_seed(0)
+    student = DistilBertForQuestionAnswering.from_pretrained(artifacts["student"]).eval()
+    teacher = distill_squad.freeze(BertForQuestionAnswering.from_pretrained(artifacts["qa_teacher"]))
+    return student, teacher
+
+
+def test_kd_positions_are_cls_and_the_context_tokens_only(artifacts):
+    tokenizer, windows = tiny_windows(artifacts)
+    keep = distill_squad.kd_positions(windows, tokenizer.sep_token_id)
+    for row, input_ids in enumerate(windows["input_ids"].tolist()):
+        seps = [k for k, token in enumerate(input_ids) if token == tokenizer.sep_token_id]
+        assert len(seps) == 2 and input_ids[0] == tokenizer.cls_token_id
+        expected = [0] + list(range(seps[0] + 1, seps[1]))  # [CLS] and what lies between the two [SEP]s
+        assert keep[row].nonzero().flatten().tolist() == expected
+
+
+def test_kd_term_is_invariant_to_teacher_logits_outside_cls_and_context(artifacts):
+    from pipeline import qa
+
+    tokenizer, windows = tiny_windows(artifacts)
+    student, teacher = tiny_models(artifacts)
+    cfg = tiny_config().distill_squad
+    loss = distill_squad.SquadDistillationLoss(student, teacher, cfg, {}, None, tokenizer.sep_token_id)
+    generator = torch.Generator().manual_seed(0)
+    windows["teacher_start_logits"] = torch.randn(windows["input_ids"].shape, generator=generator)
+    windows["teacher_end_logits"] = torch.randn(windows["input_ids"].shape, generator=generator)
+    batch = qa.window_collate(windows)(list(range(len(windows["input_ids"]))))
+    kd = loss(batch)["kd"]
+
+    outside = ~distill_squad.kd_positions(batch, tokenizer.sep_token_id)  # question, [SEP]s, padding
+    assert outside.any() and (batch["attention_mask"] == 0).any()
+    for name in ("teacher_start_logits", "teacher_end_logits"):
+        changed = dict(batch)
+        changed[name] = batch[name] + outside * torch.randn(batch[name].shape, generator=generator) * 50
+        assert torch.allclose(loss(changed)["kd"], kd, rtol=1e-6, atol=0), name
+    context = dict(batch)
+    context["teacher_start_logits"] = batch["teacher_start_logits"].clone()
+    context["teacher_start_logits"][:, 0] += 5.0  # [CLS] (the no-answer label) counts
+    assert not torch.allclose(loss(context)["kd"], kd, rtol=1e-4)
+
+
+def test_cached_teacher_logits_match_the_live_teacher_in_the_training_precision(artifacts):
+    from pipeline import qa
+
+    tokenizer, windows = tiny_windows(artifacts)
+    student, teacher = tiny_models(artifacts)
+    batch = qa.window_collate(windows)(list(range(len(windows["input_ids"]))))
+    length, real = batch["input_ids"].shape[1], batch["attention_mask"].bool()
+
+    fp32 = distill_squad.teacher_window_logits(teacher, windows, 3, "cpu", autocast_bf16=False)
+    bf16 = distill_squad.teacher_window_logits(teacher, windows, 3, "cpu", autocast_bf16=True)
+    with torch.no_grad():
+        live_fp32 = teacher(**qa.model_inputs(batch, teacher)).start_logits
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # what the training loop does on a bf16 device
+            live_bf16 = teacher(**qa.model_inputs(batch, teacher)).start_logits.float()
+    assert fp32["teacher_start_logits"].dtype == bf16["teacher_start_logits"].dtype == torch.float32
+    assert torch.allclose(fp32["teacher_start_logits"][:, :length][real], live_fp32[real], atol=1e-5)
+    bf16_gap = (bf16["teacher_start_logits"][:, :length][real] - live_bf16[real]).abs().max()
+    fp32_gap = (fp32["teacher_start_logits"][:, :length][real] - live_bf16[real]).abs().max()
+    assert bf16_gap < 0.25 * fp32_gap, (bf16_gap, fp32_gap)
+
+    # Through the loss: the KD term from cached logits equals the one from the live teacher.
+    cfg = tiny_config().distill_squad
+    loss = distill_squad.SquadDistillationLoss(student, teacher, cfg, {}, None, tokenizer.sep_token_id)
+    cached = qa.window_collate(windows | fp32)(list(range(len(windows["input_ids"]))))
+    assert torch.allclose(loss(cached)["kd"], loss(batch)["kd"], rtol=1e-5)
+
+
+def test_a_cache_that_does_not_match_the_windows_fails_naming_the_file(artifacts, tmp_path):
+    from safetensors.torch import save_file
+
+    _, windows = tiny_windows(artifacts)
+    student, teacher = tiny_models(artifacts)
+    cache = tmp_path / "teacher_logits.safetensors"
+    logits, seconds = distill_squad.cached_teacher_logits(teacher, windows, 4, "cpu", cache)
+    assert seconds > 0 and logits["teacher_start_logits"].shape == windows["input_ids"].shape
+    again, seconds_again = distill_squad.cached_teacher_logits(None, windows, 4, "cpu", cache)  # no teacher needed
+    assert seconds_again == seconds and torch.equal(again["teacher_end_logits"], logits["teacher_end_logits"])
+
+    fewer = {name: tensor[:-1] for name, tensor in windows.items()}
+    with pytest.raises(ValueError, match=rf"{cache}: teacher_\w+_logits has shape \[{len(windows['input_ids'])}, .*but there are {len(windows['input_ids']) - 1} training windows"):
+        distill_squad.cached_teacher_logits(teacher, fewer, 4, "cpu", cache)
+    save_file({"teacher_start_logits": logits["teacher_start_logits"]}, str(cache))
+    with pytest.raises(ValueError, match=rf"{cache}.*teacher_end_logits"):
+        distill_squad.cached_teacher_logits(teacher, windows, 4, "cpu", cache)
+    cache.write_bytes(b"not a safetensors file")
+    with pytest.raises(ValueError, match=rf"{cache}: unreadable"):
+        distill_squad.cached_teacher_logits(teacher, windows, 4, "cpu", cache)
+
+
+def test_cache_time_is_part_of_the_reported_training_time(artifacts, tmp_path):
+    first = run_distill_squad(artifacts, tmp_path)
+    assert first["teacher_logits_cached"] and first["teacher_cache_seconds"] > 0
+    log_tokens_per_second = [json.loads(line)["tokens_per_second"]
+                             for line in (tmp_path / "out" / "train_log.jsonl").read_text().splitlines()]
+    assert first["train_seconds"] > first["teacher_cache_seconds"]
+    assert first["tokens_per_second"] < max(log_tokens_per_second)  # the loop's own rate leaves the cache out
+    second = run_distill_squad(artifacts, tmp_path)  # the cache is reused and still counted
+    assert second["teacher_cache_seconds"] == first["teacher_cache_seconds"]

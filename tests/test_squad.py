@@ -6,6 +6,7 @@ examples and one trained on the real sample's paragraphs.
 
 import functools
 import json
+import math
 import re
 
 import datasets
@@ -168,6 +169,32 @@ def test_train_windows_round_trip_every_answer_in_a_long_context(seine_tokenizer
     assert assert_labels_round_trip(examples, train, validation) >= len(examples["id"])
     for window_offsets, start in zip(validation["offset_mapping"], train["start_positions"]):
         assert start == CLS_INDEX or window_offsets[start] is not None  # labels always point into the context
+
+
+@pytest.mark.parametrize(("max_seq_length", "doc_stride"), [(24, 8), (24, 0), (24, 14), (32, 5), (40, 16)])
+def test_windows_overlap_by_exactly_doc_stride_context_tokens(seine_tokenizer, max_seq_length, doc_stride):
+    # [CLS] question [SEP] context [SEP]: each window holds `room` context tokens; the next one starts
+    # room - doc_stride tokens later, so consecutive windows share exactly doc_stride tokens, and the
+    # last window ends at the context's last token.
+    context_offsets = seine_tokenizer(SEINE_CONTEXT, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    token_at_offset = {tuple(offset): index for index, offset in enumerate(context_offsets)}
+    n_context, n_question = len(context_offsets), len(seine_tokenizer.tokenize(SEINE_QUESTION))
+    room = max_seq_length - n_question - 3
+    expected_windows = 1 + math.ceil((n_context - room) / (room - doc_stride))
+
+    features = prepare_validation_features(seine_examples([(10, 15)]), seine_tokenizer, max_seq_length, doc_stride)
+    windows = [[token_at_offset[tuple(o)] for o in offsets if o is not None] for offsets in features["offset_mapping"]]
+    assert len(windows) == expected_windows
+    for index, window in enumerate(windows):
+        assert window == list(range(window[0], window[0] + len(window)))  # contiguous context tokens
+        assert window[0] == index * (room - doc_stride)
+        assert len(window) == (room if index < len(windows) - 1 else n_context - window[0])
+    for earlier, later in zip(windows, windows[1:]):
+        assert len(set(earlier) & set(later)) == doc_stride
+    assert windows[-1][-1] == n_context - 1 and windows[-2][-1] < n_context - 1
+    # Training windows are the same windows.
+    train = prepare_train_features(seine_examples([(10, 15)]), seine_tokenizer, max_seq_length, doc_stride)
+    assert train["input_ids"] == features["input_ids"]
 
 
 def test_answer_starting_in_the_last_context_token_is_labelled_with_that_token():
