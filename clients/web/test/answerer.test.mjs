@@ -1,0 +1,82 @@
+// Windows, batching and n-best search of the client on a stand-in session that returns chosen logits.
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import { BundleError, QuestionAnswerer } from "../src/answerer.js";
+import { nBestAnswers, topPositions } from "../src/squad.js";
+import { BertTokenizer } from "../src/tokenizer.js";
+
+const WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "who", "?", "w0", "w1", "w2", "w3", "w4", "w5", "w6", "w7", "w8", "w9"];
+const tokenizer = new BertTokenizer({ vocab: new Map(WORDS.map((w, i) => [w, i])), lowercase: true, stripAccents: true });
+
+class Tensor {
+  constructor(type, data, dims) {
+    Object.assign(this, { type, data, dims });
+  }
+}
+
+/** A session whose start logit peaks on token `startWord` and end logit on `endWord`; it records its calls. */
+function fakeSession(startWord, endWord) {
+  const calls = [];
+  return {
+    calls,
+    inputNames: ["input_ids", "attention_mask"],
+    async run(feeds) {
+      const [batch, length] = feeds.input_ids.dims;
+      calls.push([batch, length]);
+      const ids = feeds.input_ids.data;
+      const start = new Float32Array(batch * length);
+      const end = new Float32Array(batch * length);
+      for (let i = 0; i < ids.length; i += 1) {
+        start[i] = Number(ids[i]) === WORDS.indexOf(startWord) ? 5 : -Number(ids[i]) / 100;
+        end[i] = Number(ids[i]) === WORDS.indexOf(endWord) ? 5 : -Number(ids[i]) / 100;
+      }
+      return { start_logits: new Tensor("float32", start, [batch, length]), end_logits: new Tensor("float32", end, [batch, length]) };
+    },
+  };
+}
+
+const SETTINGS = { max_seq_length: 8, doc_stride: 2, n_best_size: 5, max_answer_length: 3 };
+const CONTEXT = "w0 w1 w2 w3 w4 w5 w6 w7 w8 w9";
+
+test("a long context is cut into windows that share doc_stride tokens, as tokenizers' only_second truncation", () => {
+  const answerer = new QuestionAnswerer({ Tensor }, fakeSession("w1", "w1"), tokenizer, SETTINGS);
+  const windows = answerer.windows([{ id: "q", question: "who?", context: CONTEXT }]);
+  // room = 8 - 2 question tokens - 3 specials = 3 context tokens a window, stepping 3 - 2 = 1 token.
+  assert.deepEqual(windows.map((w) => w.ids.slice(4, -1).map((id) => WORDS[id]).join(" ")),
+    ["w0 w1 w2", "w1 w2 w3", "w2 w3 w4", "w3 w4 w5", "w4 w5 w6", "w5 w6 w7", "w6 w7 w8", "w7 w8 w9"]);
+  assert.deepEqual(windows[1].typeIds, [0, 0, 0, 0, 1, 1, 1, 1]);
+  assert.deepEqual(windows[1].offsets.slice(0, 5), [null, null, null, null, [3, 5]]);
+});
+
+test("windows run in batches cut to their longest window; the answer is cut from the context", async () => {
+  const session = fakeSession("w7", "w8");
+  const answerer = new QuestionAnswerer({ Tensor }, session, tokenizer, SETTINGS, 3);
+  const result = await answerer.answer("who?", CONTEXT);
+  assert.equal(result.answer, "w7 w8");
+  assert.equal(CONTEXT.slice(result.start, result.end), "w7 w8");
+  assert.equal(result.windows, 8);
+  assert.deepEqual(session.calls, [[3, 8], [3, 8], [2, 8]]);
+  const short = await answerer.answer("who?", "w7 w8");
+  assert.equal(short.answer, "w7 w8");
+  assert.deepEqual(session.calls.at(-1), [1, 7]);
+});
+
+test("spans longer than max_answer_length or ending before they start are never answers", () => {
+  const offsets = [null, [0, 2], [3, 5], [6, 8], [9, 11], [12, 14]];
+  const start = Float32Array.from([9, 1, 0, 0, 0, 8]);
+  const end = Float32Array.from([9, 7, 0, 0, 0, -9]);
+  const [best] = nBestAnswers("w0 w1 w2 w3 w4", [{ offsets, startLogits: start, endLogits: end }], 5, 3);
+  // start 5 / end 1 ends before it starts; position 0 is the question: the best valid span is 1..1.
+  assert.equal(best.text, "w0");
+  assert.deepEqual(topPositions(Float32Array.from([1, 3, 3, 2]), 3), [2, 1, 3]);
+});
+
+test("a question that leaves no more room than doc_stride is refused by id; bad settings and inputs too", () => {
+  const answerer = new QuestionAnswerer({ Tensor }, fakeSession("w1", "w1"), tokenizer, SETTINGS);
+  assert.throws(() => answerer.windows([{ id: "q7", question: "who who who", context: CONTEXT }]),
+    /question "q7": 3 tokens leave 2 for the context .* the question is too long/);
+  assert.throws(() => new QuestionAnswerer({ Tensor }, fakeSession("w1", "w1"), tokenizer, { ...SETTINGS, doc_stride: 8 }),
+    BundleError);
+  assert.rejects(answerer.predict([{ id: "a", question: "who?", context: "w1" }, { id: "a", question: "who?", context: "w2" }]),
+    /question id "a" appears twice/);
+});
