@@ -1,0 +1,229 @@
+"""The JavaScript client (clients/web): the Python reference's tokens, windows and answers, in Node and in Chromium.
+
+Skips with the reason where Node.js, the client's npm packages or Chromium are missing; `.ci/run` installs them.
+"""
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer
+
+from pipeline import mobile
+from pipeline.config import BenchmarkConfig
+from pipeline.stages import benchmark_web, bundle, export_coreml, export_onnx, quantize
+from tests.conftest import PROJECT_ROOT
+from tests.stage_fixtures import build_tiny_artifacts, tiny_config, tiny_qa_model_dir
+
+CLIENT = PROJECT_ROOT / "clients" / "web"
+NODE = shutil.which("node")
+CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
+DEFAULT_RUN = PROJECT_ROOT / "artifacts"
+
+pytestmark = pytest.mark.skipif(
+    NODE is None or not (CLIENT / "node_modules" / "onnxruntime-web").is_dir(),
+    reason="Node.js or clients/web/node_modules is missing (install Node 20, then `npm ci` in clients/web)",
+)
+needs_chromium = pytest.mark.skipif(
+    not Path(CHROMIUM).is_file() or not (CLIENT / "node_modules" / "puppeteer-core").is_dir(),
+    reason=f"Chromium ({CHROMIUM}) or puppeteer-core is missing (apt-get install chromium chromium-driver; npm ci)",
+)
+
+# Texts whose tokenization is easy to get wrong: accents (composed and decomposed), punctuation, CJK, Hangul,
+# emoji (two UTF-16 units, one code point), controls, special tokens written in the text, and long contexts.
+HARD_EXAMPLES = [
+    ("accents", "Où est Zoë?", "Zoë Müller vécut à Köln, São Paulo et Reykjavík; elle naquit en 1901. Ko\u0308ln, İstanbul."),
+    ("punctuation", "What did (she) say?", 'She said: "Hello—world!" … then left (quickly), didn\'t she?  Yes.'),
+    ("cjk", "東京はどこ?", "東京は日本の首都です。The capital is 東京 (Tokyo), population 14,000,000. 서울은 한국의 수도."),
+    ("emoji", "Who waved 👋🏽?", "🙂 Ana 👋🏽 waved at Bo\u200b, then\u00a0left\tthe\x07 room\ufeff [SEP] [MASK] ﬁne ＡＢＣ."),
+    ("leading spaces", "   Where is it?", "It is in Köln."),
+    ("long", "Where did the river flow?",
+     " ".join(f"Sentence {i} says the river flowed past tówn {i} (東{i})." for i in range(80))),
+]
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, CLIENT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+check_parity = load_script("check_parity")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A real bundle of a tiny random DistilBERT (the pipeline's own stages), its dev data and model folder."""
+    root = tmp_path_factory.mktemp("web")
+    cfg = tiny_config(export={"gates": {"min_answer_agreement": 0.0, "max_f1_drop": 100.0},
+                              "coreml": {"sequence_lengths": [64, 128], "variants": ["fp16"]}})
+    paths = build_tiny_artifacts(root, cfg)
+    student = tiny_qa_model_dir(root, paths, cfg, distilbert=True)
+    export_onnx.run(cfg, student, paths["data"], root / "onnx")
+    quantize.run(cfg, root / "onnx", student, paths["data"], root / "quantized")
+    export_coreml.run(cfg, student, paths["data"], root / "coreml")
+    bundle.run(cfg, root / "quantized", root / "coreml", student, paths["data"], root / "bundle")
+    return {"root": root, "bundle": root / "bundle", "data": paths["data"], "student": student}
+
+
+def dev_questions(data_dir: Path) -> list[dict]:
+    return check_parity.read_questions(data_dir / "dev.jsonl")
+
+
+def write_questions(path: Path, questions: list[dict]) -> Path:
+    path.write_text(json.dumps(questions, ensure_ascii=False), encoding="utf-8")
+    return path
+
+
+def hard_questions() -> list[dict]:
+    return [{"id": name, "question": question, "context": context} for name, question, context in HARD_EXAMPLES]
+
+
+def javascript_encodings(tokenizer_path: Path, texts: list[str]) -> list[dict]:
+    completed = subprocess.run([NODE, str(CLIENT / "scripts" / "encode.mjs"), "--tokenizer", str(tokenizer_path)],
+                               input=json.dumps(texts), capture_output=True, text=True, check=True)
+    return json.loads(completed.stdout)
+
+
+def assert_same_tokens(tokenizer_path: Path, texts: list[str]) -> None:
+    python = Tokenizer.from_file(str(tokenizer_path))
+    python.no_truncation()
+    python.no_padding()
+    for text, got in zip(texts, javascript_encodings(tokenizer_path, texts), strict=True):
+        encoding = python.encode(text, add_special_tokens=False)
+        assert got == {"ids": encoding.ids, "offsets": [list(offset) for offset in encoding.offsets]}, text[:80]
+
+
+# ------------------------------------------------------------------------------------------------ Node
+
+
+def test_javascript_unit_tests_pass():
+    completed = subprocess.run([NODE, "--test", "test/"], cwd=CLIENT, capture_output=True, text=True)
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-2000:]
+
+
+def test_token_ids_and_offsets_equal_python_tokenizers_on_dev_and_hard_texts(tiny):
+    questions = dev_questions(tiny["data"]) + hard_questions()
+    texts = sorted({q["context"] for q in questions} | {q["question"] for q in questions})
+    assert_same_tokens(tiny["bundle"] / "tokenizer.json", texts)
+
+
+def test_windows_and_answers_equal_the_python_reference_on_node_and_web(tiny, tmp_path):
+    questions = dev_questions(tiny["data"]) + hard_questions()
+    report = check_parity.parity(tiny["bundle"], write_questions(tmp_path / "q.json", questions), ["node", "web"])
+    long_windows = sum(1 for w in mobile.QuestionAnswerer.from_bundle(tiny["bundle"]).windows(hard_questions()).example_ids
+                       if w == "long")
+    assert long_windows > 3  # the long context needs several windows at this max_seq_length
+    for backend, figures in report["backends"].items():
+        assert figures["windows_differing"] == 0, (backend, figures["first_differences"])
+        assert figures["answer_agreement"] >= 0.99, (backend, figures["answers_differing"])
+
+
+def test_the_vocab_txt_tokenizer_gives_the_same_windows(tiny, tmp_path):
+    questions = write_questions(tmp_path / "q.json", dev_questions(tiny["data"])[:10] + hard_questions())
+    report = check_parity.parity(tiny["bundle"], questions, ["node"], tokenizer="vocab")
+    assert report["backends"]["node"]["windows_differing"] == 0, report["backends"]["node"]["first_differences"]
+
+
+def test_a_broken_bundle_or_question_file_is_refused_by_name(tiny, tmp_path):
+    broken = tmp_path / "bundle"
+    shutil.copytree(tiny["bundle"], broken)
+    config = json.loads((broken / "qa_config.json").read_text())
+    del config["doc_stride"]
+    (broken / "qa_config.json").write_text(json.dumps(config))
+    questions = write_questions(tmp_path / "q.json", hard_questions())
+    out = tmp_path / "out.json"
+    command = [NODE, str(CLIENT / "scripts" / "parity.mjs"), "--bundle", str(broken), "--questions", str(questions),
+               "--out", str(out)]
+    completed = subprocess.run(command, capture_output=True, text=True)
+    assert completed.returncode == 2 and 'qa_config.json: missing keys ["doc_stride"]' in completed.stderr
+    questions.write_text(json.dumps([{"id": "a", "question": 3, "context": "x"}]))
+    command[3] = str(tiny["bundle"])
+    completed = subprocess.run(command, capture_output=True, text=True)
+    assert completed.returncode == 2 and 'question 0: field "question" must be a string' in completed.stderr
+    assert not out.exists() and not Path(f"{out}.partial").exists()
+
+
+@pytest.mark.skipif(not (DEFAULT_RUN / "bundle" / "qa_config.json").is_file()
+                    or not (DEFAULT_RUN / "data" / "dev.jsonl").is_file(),
+                    reason="no default-run bundle and dev set under artifacts/ (run the pipeline first)")
+def test_default_run_bundle_parity_on_every_dev_question(tmp_path):
+    report = check_parity.parity(DEFAULT_RUN / "bundle", DEFAULT_RUN / "data" / "dev.jsonl", ["node", "web"])
+    for backend, figures in report["backends"].items():
+        assert figures["windows_differing"] == 0, (backend, figures["first_differences"])
+        assert figures["answer_agreement"] >= 0.99, (backend, figures["answers_differing"])
+    hard = check_parity.parity(DEFAULT_RUN / "bundle", write_questions(tmp_path / "q.json", hard_questions()), ["node"])
+    assert hard["backends"]["node"]["windows_differing"] == 0, hard["backends"]["node"]["first_differences"]
+    assert hard["backends"]["node"]["windows"] > len(HARD_EXAMPLES)  # the long context takes several windows
+
+
+# --------------------------------------------------------------------------------------------- browser
+
+
+@needs_chromium
+def test_the_demo_page_in_headless_chromium_shows_the_python_answers(tiny, tmp_path):
+    bundle_dir = tiny["bundle"]
+    if (DEFAULT_RUN / "bundle" / "qa_config.json").is_file() and (DEFAULT_RUN / "data" / "dev.jsonl").is_file():
+        bundle_dir, data_dir = DEFAULT_RUN / "bundle", DEFAULT_RUN / "data"  # a trained model: real answers
+    else:
+        data_dir = tiny["data"]
+    questions = dev_questions(data_dir)[:3]
+    python = mobile.QuestionAnswerer.from_bundle(bundle_dir)
+    expected = {q["id"]: python.answer(q["question"], q["context"])["answer"] for q in questions}
+    screenshot, out = tmp_path / "demo.png", tmp_path / "browser.json"
+    command = [NODE, str(CLIENT / "scripts" / "browser-check.mjs"), "--bundle", str(bundle_dir), "--questions",
+               str(write_questions(tmp_path / "q.json", questions)), "--out", str(out), "--screenshot", str(screenshot)]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=180)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    shown = json.loads(out.read_text())
+    print(f"demo page screenshot: {screenshot}")
+    assert shown["page_errors"] == []
+    assert shown["answers"] == {qid: text or "(no answer found)" for qid, text in expected.items()}
+    assert all(latency.endswith(" ms") for latency in shown["latency_ms"].values())
+    size_mb = (bundle_dir / json.loads((bundle_dir / "qa_config.json").read_text())["onnx"]["model"]).stat().st_size / 1e6
+    assert f"{size_mb:.2f} MB" in shown["model_size"]
+    assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and screenshot.stat().st_size > 10_000
+
+
+# ------------------------------------------------------------------------------------------- benchmark
+
+
+def benchmark_root(tiny, tmp_path) -> Path:
+    """An output root with what benchmark-web reads: the bundle and the student's config.json."""
+    root = tmp_path / "artifacts"
+    shutil.copytree(tiny["bundle"], root / "bundle")
+    (root / "distill_squad").mkdir()
+    shutil.copy(tiny["student"] / "config.json", root / "distill_squad" / "config.json")
+    return root
+
+
+def test_benchmark_web_times_the_bundle_model_on_both_runtimes(tiny, tmp_path):
+    root = benchmark_root(tiny, tmp_path)
+    out = tmp_path / "benchmark_web" / "benchmark_web.json"
+    metrics = benchmark_web.run(root, out, BenchmarkConfig(sequence_lengths=[32, 1024], runs=3, warmup=1))
+    assert json.loads(out.read_text()) == metrics
+    precision = json.loads((root / "bundle" / "metrics.json").read_text())["onnx_variant"]
+    assert [a["format"] for a in metrics["artifacts"]] == ["onnx-web", "onnx-node"]
+    for item in metrics["artifacts"]:
+        assert item["name"] == f"student/{item['format']}-{precision}" and item["precision"] == precision
+        assert item["size_mb"] > 0 and item["peak_rss_mb"] > 0
+        timing = item["latency_ms"]["seq32"]["threads1"]
+        assert 0 < timing["p50"] <= timing["p90"]
+        assert item["latency_ms"]["seq1024"] is None  # beyond the model's positions
+    assert metrics["machine"]["cpu"] and metrics["settings"]["threads"] == [1]
+
+
+def test_benchmark_web_without_the_npm_packages_fails_clearly_and_writes_nothing(tiny, tmp_path):
+    root = benchmark_root(tiny, tmp_path)
+    out = tmp_path / "benchmark_web.json"
+    with pytest.raises(benchmark_web.WebBenchmarkError, match="node_modules/onnxruntime-node is missing: run `npm ci`"):
+        benchmark_web.run(root, out, client_dir=tmp_path / "no-client")
+    assert not out.exists()
+    shutil.rmtree(root / "bundle")
+    with pytest.raises(benchmark_web.WebBenchmarkError, match="bundle/qa_config.json: missing"):
+        benchmark_web.run(root, out)
