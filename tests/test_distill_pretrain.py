@@ -86,3 +86,37 @@ def test_distill_pretrain_reports_student_and_teacher_accuracy(artifacts, tmp_pa
     assert {"ce", "mlm", "cos", "loss"} <= metrics["final_loss_terms"].keys()
     assert metrics["peak_memory_mb"] > 0
     assert DistilBertForMaskedLM.from_pretrained(tmp_path / "out").config.n_layers == 2
+
+
+def test_the_stage_masks_with_smoothed_weights_and_keeps_the_teacher_frozen(artifacts, tmp_path, monkeypatch):
+    from pipeline.masking import selection_weights_from_counts
+    from pipeline.mlm import special_token_ids
+    from pipeline.stages.token_counts import load_token_counts
+
+    seen = {"weights": [], "teacher_states": []}
+    real_mask_tokens, real_terms = distill_pretrain.mask_tokens, distill_pretrain.distillation_terms
+
+    def spy_mask_tokens(*args, **kwargs):
+        seen["weights"].append(kwargs.get("selection_weights"))
+        return real_mask_tokens(*args, **kwargs)
+
+    def spy_terms(student, teacher, *args, **kwargs):
+        seen["teacher_states"].append((teacher.training, [p for p in teacher.parameters() if p.requires_grad]))
+        return real_terms(student, teacher, *args, **kwargs)
+
+    monkeypatch.setattr(distill_pretrain, "mask_tokens", spy_mask_tokens)
+    monkeypatch.setattr(distill_pretrain, "distillation_terms", spy_terms)
+    cfg = tiny_config(distill_pretrain={"train": {"max_steps": 2}})
+    counts_path = artifacts["counts"] / "token_counts.json"
+    distill_pretrain.run(cfg, artifacts["student"], str(artifacts["mlm_teacher"]), artifacts["data"], counts_path,
+                         tmp_path / "out", tmp_path / "work")
+
+    tokenizer = AutoTokenizer.from_pretrained(artifacts["student"])
+    expected = selection_weights_from_counts(load_token_counts(counts_path, len(tokenizer)),
+                                             special_token_ids(tokenizer), 0.7)
+    assert len(seen["weights"]) == 2
+    for weights in seen["weights"]:  # every training batch is masked with count^-0.7 weights
+        assert weights is not None and torch.equal(weights, expected)
+    assert len(seen["teacher_states"]) == 2
+    for training, trainable in seen["teacher_states"]:  # eval mode (no dropout), nothing to train
+        assert training is False and trainable == []

@@ -233,3 +233,29 @@ def test_cache_time_is_part_of_the_reported_training_time(artifacts, tmp_path):
     assert first["tokens_per_second"] < max(log_tokens_per_second)  # the loop's own rate leaves the cache out
     second = run_distill_squad(artifacts, tmp_path)  # the cache is reused and still counted
     assert second["teacher_cache_seconds"] == first["teacher_cache_seconds"]
+
+
+def test_the_teacher_stays_frozen_and_out_of_the_optimizer(artifacts, tmp_path, monkeypatch):
+    seen = {"teacher_states": [], "trained": []}
+    real_call, real_train = distill_squad.SquadDistillationLoss.__call__, distill_squad.train
+
+    def spy_call(self, batch):
+        teacher = self.teacher
+        seen["teacher_states"].append((teacher.training, [p for p in teacher.parameters() if p.requires_grad]))
+        seen["teacher"] = teacher
+        return real_call(self, batch)
+
+    def spy_train(**kwargs):
+        seen["trained"] = [id(p) for p in kwargs["module"].parameters()]
+        return real_train(**kwargs)
+
+    monkeypatch.setattr(distill_squad.SquadDistillationLoss, "__call__", spy_call)
+    monkeypatch.setattr(distill_squad, "train", spy_train)
+    # distilbert + pkd runs the teacher live every batch (no logit cache).
+    run_distill_squad(artifacts, tmp_path, objectives=["distilbert", "pkd"])
+
+    assert len(seen["teacher_states"]) == 4
+    for training, trainable in seen["teacher_states"]:
+        assert training is False and trainable == []
+    teacher_parameters = {id(p) for p in seen["teacher"].parameters()}
+    assert seen["trained"] and not teacher_parameters & set(seen["trained"])

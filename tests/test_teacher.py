@@ -3,9 +3,11 @@
 import json
 from pathlib import Path
 
+import pytest
 import transformers
 from transformers import AutoTokenizer, BertForMaskedLM
 
+from pipeline.artifacts import write_manifest
 from pipeline.stages import prepare_data, teacher, tokenizer
 from pipeline.stages.teacher import teacher_config_from_scratch
 from tests.stage_fixtures import tiny_config
@@ -17,6 +19,7 @@ def keep_questions_about(data_dir: Path, word: str) -> None:
         path = data_dir / f"{split}.jsonl"
         records = [line for line in path.read_text().splitlines() if word in json.loads(line)["question"]]
         path.write_text("\n".join(records) + "\n")
+    write_manifest(data_dir)  # the folder changed on purpose: its manifest must describe it again
 
 
 def test_fine_tuned_teacher_answers_dev_questions_in_the_transformers_qa_pipeline(tmp_path):
@@ -48,3 +51,42 @@ def test_fine_tuned_teacher_answers_dev_questions_in_the_transformers_qa_pipelin
             assert is_correct, (record["question"], answer["answer"], stage_predictions[record["id"]])
     # Dev people are held out from train.
     assert correct >= 0.8 * len(records), (correct, len(records), metrics["exact_match"])
+
+
+def test_teacher_mlm_loss_is_the_cross_entropy_at_masked_positions_only(tmp_path, monkeypatch):
+    # The loss the stage logs at step 1 was computed on the initial model: recompute it by hand from the
+    # recorded masked batch, with cross-entropy at the masked positions only (not at every real token).
+    import torch
+
+    from pipeline.stages import teacher as teacher_stage
+
+    cfg = tiny_config(teacher={"architecture": {"dropout": 0.0},
+                               "pretrain": {"max_steps": 1, "log_every": 1, "batch_size": 8}})
+    data, tok = tmp_path / "data", tmp_path / "tokenizer"
+    prepare_data.run(cfg, data)
+    tokenizer.run(cfg, data, tok)
+    recorded = []
+    real_mask_tokens = teacher_stage.mask_tokens
+
+    def spy_mask_tokens(input_ids, *args, **kwargs):
+        masked, labels = real_mask_tokens(input_ids, *args, **kwargs)
+        recorded.append((input_ids, masked, labels))
+        return masked, labels
+
+    monkeypatch.setattr(teacher_stage, "mask_tokens", spy_mask_tokens)
+    teacher.run_pretrain(cfg, data, tok, tmp_path / "out", tmp_path / "work")
+    logged = json.loads((tmp_path / "out" / "train_log.jsonl").read_text().splitlines()[0])
+
+    hf_tokenizer = AutoTokenizer.from_pretrained(tok)
+    torch.manual_seed(cfg.seed)  # the stage builds its model right after seeding
+    initial = BertForMaskedLM(teacher_config_from_scratch(cfg, hf_tokenizer)).eval()
+    (input_ids, masked, labels), = recorded
+    attention_mask = (input_ids != hf_tokenizer.pad_token_id).long()
+    with torch.no_grad():
+        logits = initial(input_ids=masked, attention_mask=attention_mask).logits
+    selected = labels != -100
+    expected = torch.nn.functional.cross_entropy(logits[selected], labels[selected]).item()
+    every_token = torch.nn.functional.cross_entropy(logits[attention_mask.bool()], input_ids[attention_mask.bool()])
+    assert 0 < int(selected.sum()) < int(attention_mask.sum())
+    assert logged["loss"] == pytest.approx(expected, abs=2e-6)
+    assert abs(every_token.item() - expected) > 1e-3  # the check can tell the two apart

@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from pipeline.config import TrainConfig
 from pipeline.train import count_optimizer_steps, epoch_batches, train
@@ -137,3 +138,41 @@ def test_group_by_length_needs_the_stage_to_pass_lengths(tmp_path):
         train(module=model, compute_loss=lambda batch: {}, examples=[0, 1], collate=lambda indices: {}, cfg=TrainConfig(),
               seed=0, device=torch.device("cpu"), checkpoint_dir=tmp_path / "c", log_path=tmp_path / "l.jsonl",
               fingerprint="x")
+
+
+def gradients_at_first_step(tmp_path, cfg) -> dict[str, torch.Tensor]:
+    """Every parameter's gradient as the first optimizer step sees it (after accumulation, before the update)."""
+    seen = {}
+
+    def record(optimizer, args, kwargs):
+        if not seen:
+            for group in optimizer.param_groups:
+                for parameter in group["params"]:
+                    seen[id(parameter)] = parameter.grad.detach().clone()
+
+    handle = register_optimizer_step_pre_hook(record)
+    try:
+        model, _ = run_training(tmp_path, cfg, dropout=0.0)
+    finally:
+        handle.remove()
+    return {name: seen[id(parameter)] for name, parameter in model.named_parameters()}
+
+
+def test_accumulated_gradients_equal_the_gradient_of_one_large_batch(tmp_path):
+    # The step must see the mean-loss gradient of the 8 examples, whether computed as 1 x 8 or 2 x 4 or 4 x 2
+    # (each micro-batch loss divided by the accumulation count). Adam hides a wrong scale in the weights, so
+    # this compares gradients. Clipping is off so the raw gradients are compared.
+    large = gradients_at_first_step(tmp_path / "a", small_cfg(max_steps=1, batch_size=8, max_grad_norm=0.0))
+    for batch_size, accumulation in ((4, 2), (2, 4)):
+        cfg = small_cfg(max_steps=1, batch_size=batch_size, grad_accum_steps=accumulation, max_grad_norm=0.0)
+        accumulated = gradients_at_first_step(tmp_path / f"b{accumulation}", cfg)
+        for name, gradient in large.items():
+            assert gradient.abs().sum() > 0, name
+            assert torch.allclose(accumulated[name], gradient, rtol=1e-5, atol=1e-7), (name, accumulation)
+
+
+def test_clipping_bounds_the_accumulated_gradient_norm(tmp_path):
+    clipped = gradients_at_first_step(tmp_path, small_cfg(max_steps=1, batch_size=4, grad_accum_steps=2,
+                                                          max_grad_norm=0.01))
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in clipped.values()]))
+    assert norm.item() == pytest.approx(0.01, rel=1e-4)
