@@ -1,5 +1,6 @@
 """QA batching glue: dynamic trimming keeps every per-position tensor aligned."""
 
+import numpy as np
 import torch
 
 from pipeline.qa import window_collate
@@ -17,3 +18,118 @@ def test_window_collate_trims_inputs_and_cached_teacher_logits_together():
     assert batch["input_ids"].shape == (2, 3) and batch["teacher_start_logits"].shape == (2, 3)
     assert torch.equal(batch["teacher_start_logits"], windows["teacher_start_logits"][[1, 0], :3])
     assert torch.equal(batch["start_positions"], torch.tensor([0, 1]))
+
+
+# ---------------------------------------------------------------- windows, inputs and dev evaluation
+
+
+import datasets  # noqa: E402
+import pytest  # noqa: E402
+from transformers import BertForQuestionAnswering, DistilBertForQuestionAnswering  # noqa: E402
+
+from pipeline import qa, squad  # noqa: E402
+from pipeline.config import SquadConfig  # noqa: E402
+from pipeline.students import student_config_from_teacher  # noqa: E402
+from tests.stage_fixtures import tiny_bert_config  # noqa: E402
+from tests.test_squad import SEINE_CONTEXT, seine_examples, seine_tokenizer  # noqa: E402,F401  (fixture)
+
+SQUAD = SquadConfig(max_seq_length=24, doc_stride=8, n_best_size=5, max_answer_length=6, eval_batch_size=3)
+SPANS = [(10, 15), (30, 35), (120, 124)]  # "Seine", "Paris", a word in the middle
+
+
+@pytest.fixture
+def examples():
+    return datasets.Dataset.from_dict(seine_examples(SPANS))
+
+
+def tiny_qa_model(tokenizer, distilbert: bool):
+    torch.manual_seed(0)
+    config = tiny_bert_config(vocab_size=len(tokenizer), hidden_dropout_prob=0.5)
+    if distilbert:
+        return DistilBertForQuestionAnswering(student_config_from_teacher(config, n_layers=2))
+    return BertForQuestionAnswering(config)
+
+
+def test_train_window_tensors_are_the_squad_features_as_tensors(examples, seine_tokenizer):
+    windows = qa.train_window_tensors(examples, seine_tokenizer, SQUAD)
+    features = squad.prepare_train_features(examples[:], seine_tokenizer, SQUAD.max_seq_length, SQUAD.doc_stride)
+    assert set(windows) == set(features)
+    for name, tensor in windows.items():
+        assert tensor.dtype == torch.int64 and tensor.tolist() == features[name], name
+    assert windows["input_ids"].shape == (len(features["input_ids"]), SQUAD.max_seq_length)
+    assert len(windows["input_ids"]) > 3 * len(SPANS)  # the Seine text needs several windows per question
+    assert qa.window_lengths(windows) == [sum(mask) for mask in features["attention_mask"]]
+
+
+def test_validation_windows_keep_example_ids(examples, seine_tokenizer):
+    windows = qa.validation_windows(examples, seine_tokenizer, SQUAD)
+    features = squad.prepare_validation_features(examples[:], seine_tokenizer, SQUAD.max_seq_length, SQUAD.doc_stride)
+    assert windows["example_id"] == features["example_id"]
+    assert windows["input_ids"] == features["input_ids"]
+    assert "start_positions" not in windows.column_names and "context" not in windows.column_names
+
+
+def test_model_inputs_are_those_the_model_accepts(seine_tokenizer):
+    batch = {"input_ids": torch.ones(1, 3), "attention_mask": torch.ones(1, 3), "token_type_ids": torch.zeros(1, 3),
+             "start_positions": torch.zeros(1)}
+    bert, distilbert = tiny_qa_model(seine_tokenizer, False), tiny_qa_model(seine_tokenizer, True)
+    assert list(qa.model_inputs(batch, bert)) == ["input_ids", "attention_mask", "token_type_ids"]
+    assert list(qa.model_inputs(batch, distilbert)) == ["input_ids", "attention_mask"]
+    assert list(qa.model_inputs({"input_ids": batch["input_ids"]}, bert)) == ["input_ids"]
+
+
+@pytest.mark.parametrize("distilbert", [True, False], ids=["distilbert", "bert"])
+def test_window_logits_are_the_models_in_eval_mode_padded_with_a_losing_score(examples, seine_tokenizer, distilbert):
+    model = tiny_qa_model(seine_tokenizer, distilbert).train()
+    windows = qa.validation_windows(examples, seine_tokenizer, SQUAD)
+    start, end = qa.predict_window_logits(model, windows, batch_size=2, device=torch.device("cpu"))
+    assert model.training  # the caller's mode is restored
+    assert start.dtype == end.dtype == np.float32 and start.shape == end.shape == (len(windows), SQUAD.max_seq_length)
+
+    tensors = {name: torch.tensor(windows[name]) for name in qa.MODEL_INPUT_NAMES if name in windows.column_names}
+    model.eval()
+    with torch.no_grad():
+        full = model(**qa.model_inputs(tensors, model))  # no trimming, no dropout
+    real = tensors["attention_mask"].bool().numpy()
+    assert np.allclose(start[real], full.start_logits.numpy()[real], atol=1e-5)
+    assert np.allclose(end[real], full.end_logits.numpy()[real], atol=1e-5)
+    n_padded = 0
+    for begin in range(0, len(windows), 2):  # past each batch's longest window: a score no answer wins with
+        length = real[begin : begin + 2].sum(axis=1).max()
+        assert (start[begin : begin + 2, length:] == -1e4).all() and (end[begin : begin + 2, length:] == -1e4).all()
+        n_padded += start[begin : begin + 2, length:].size
+    assert n_padded > 0
+    one_batch = qa.predict_window_logits(model, windows, batch_size=64, device=torch.device("cpu"))
+    assert np.allclose(one_batch[0][real], start[real], atol=1e-5)
+
+
+def test_evaluate_qa_scores_the_postprocessed_predictions(examples, seine_tokenizer):
+    model = tiny_qa_model(seine_tokenizer, True)
+    metrics, predictions = qa.evaluate_qa(model, seine_tokenizer, examples, SQUAD, torch.device("cpu"))
+    assert set(predictions) == set(examples["id"])
+    for prediction in predictions.values():
+        assert prediction in SEINE_CONTEXT and len(prediction.split()) <= SQUAD.max_answer_length
+    scores = squad.squad_v1_scores(squad.gold_answers(examples), predictions)
+    assert metrics == {"exact_match": round(scores["exact_match"], 3), "f1": round(scores["f1"], 3),
+                       "n_examples": len(SPANS), "n_windows": len(qa.validation_windows(examples, seine_tokenizer, SQUAD))}
+
+    # A model whose start/end logits point at "Seine" answers every question with it.
+    seine = seine_tokenizer.convert_tokens_to_ids("seine")
+
+    class PointsAtSeine(torch.nn.Module):
+        def forward(self, input_ids, attention_mask):
+            hit = (input_ids == seine).float() * 10
+            return type("Output", (), {"start_logits": hit, "end_logits": hit})()
+
+    metrics, predictions = qa.evaluate_qa(PointsAtSeine(), seine_tokenizer, examples, SQUAD, torch.device("cpu"))
+    assert set(predictions.values()) == {"Seine"}
+    assert metrics["exact_match"] == pytest.approx(100 / 3, abs=1e-3)
+
+
+@pytest.mark.parametrize("freeze", [True, False])
+def test_prepare_for_qa_training_freezes_only_the_word_embeddings(seine_tokenizer, freeze):
+    model = tiny_qa_model(seine_tokenizer, True)
+    prepared = qa.prepare_for_qa_training(model, SquadConfig(freeze_word_embeddings=freeze))
+    assert prepared is model
+    assert model.get_input_embeddings().weight.requires_grad is not freeze
+    assert all(p.requires_grad for n, p in model.named_parameters() if "word_embeddings" not in n)
