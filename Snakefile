@@ -2,6 +2,7 @@
 # Run: snakemake --cores 2                      (embedded offline default, configs/default.yaml)
 #      snakemake --cores 2 --configfile configs/paper.yaml   (the paper recipe; merged over the default)
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -9,6 +10,7 @@ from snakemake.utils import validate
 
 from pipeline.artifacts import EXPORTED_MODELS
 from pipeline.config import PipelineConfig, from_dict, to_dict
+from pipeline.data import local_data_files
 
 configfile: str(Path(workflow.basedir) / "configs" / "default.yaml")
 
@@ -25,6 +27,8 @@ MLM_TEACHER = f"{ROOT}/teacher_pretrain" if TEACHER_FROM_SCRATCH else CFG.teache
 # Pretraining-distillation variants: the configured student, and the random-init ablation with the same budget.
 STUDENT_VARIANTS = ["main"] + (["random_init_ablation"] if CFG.distill_pretrain.run_random_init_ablation else [])
 TRAIN_RESOURCES = {"mem_mb": CFG.compute.training_mem_mb, "gpu": CFG.compute.gpus}
+# Local SQuAD and corpus files are inputs: editing one reruns what depends on it, a missing one stops the run here.
+DATA_FILES = local_data_files(CFG.data.squad, CFG.data.squad_dev, CFG.data.corpus)
 LIGHT_RESOURCES = {"mem_mb": CFG.compute.light_mem_mb, "gpu": 0}
 # Rules that can run side by side (the two distill_pretrain variants; student_finetune and distill_squad)
 # take half the cores each: small models use two threads poorly, so on this 2-core machine two 1-thread jobs
@@ -36,6 +40,45 @@ EXPORT_SECTIONS = ("seed", "squad", "export")
 def stage_config(*sections):
     """The config sections a stage reads, as JSON: editing another section does not rerun it."""
     return json.dumps({name: FULL[name] for name in sections}, sort_keys=True)
+
+
+def check_layer_mappings():
+    """A from-scratch teacher's depth is known now: a layer mapping outside it stops the run before any job."""
+    if not TEACHER_FROM_SCRATCH:
+        return  # a hub teacher's depth is known once it is loaded; init_student and distill_squad check it then
+    from pipeline.students import teacher_layers_for_student
+
+    n_teacher = CFG.teacher.architecture.num_layers
+    n_student = CFG.student.n_layers or max(1, n_teacher // 2)
+    teacher_layers_for_student(CFG.student.layer_mapping, n_teacher, n_student, key="student.layer_mapping")
+    if "tinybert" in CFG.distill_squad.objectives:
+        teacher_layers_for_student(CFG.distill_squad.tinybert.layer_mapping, n_teacher, n_student,
+                                   key="distill_squad.tinybert.layer_mapping")
+
+
+check_layer_mappings()
+
+
+def launch(stage, threads):
+    """The command that starts a training stage, each word shell-quoted: `python -m pipeline <stage>` for one
+    process; torchrun (PyTorch DDP) with compute.processes processes otherwise. The precision travels as
+    accelerate's ACCELERATE_MIXED_PRECISION, which `accelerate launch --mixed_precision` sets the same way."""
+    processes = CFG.compute.processes
+    env = [f"ACCELERATE_MIXED_PRECISION={CFG.compute.mixed_precision}",
+           f"OMP_NUM_THREADS={max(1, threads // processes)}"]
+    if processes == 1:
+        command = [PYTHON, "-m", "pipeline", stage]
+    else:
+        command = [PYTHON, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
+                   "-m", "pipeline", stage]
+    return " ".join(shlex.quote(word) for word in env + command)
+
+
+def training_config(*sections):
+    """stage_config plus the launch settings that change what training computes (not memory requests)."""
+    chosen = {name: FULL[name] for name in sections}
+    chosen["compute"] = {key: FULL["compute"][key] for key in ("processes", "mixed_precision")}
+    return json.dumps(chosen, sort_keys=True)
 
 
 def code(*modules):
@@ -58,6 +101,7 @@ rule all:
 
 rule prepare_data:
     input:
+        data_files=DATA_FILES,
         code=code("stages/prepare_data", "data", "synthetic", "mlm"),
     output:
         directory(f"{ROOT}/data"),
@@ -109,7 +153,8 @@ if TEACHER_FROM_SCRATCH:
             directory(f"{ROOT}/teacher_pretrain"),
         params:
             python=PYTHON,
-            cfg=stage_config("seed", "teacher"),
+            cfg=training_config("seed", "teacher"),
+            launch=lambda wildcards, threads: launch("teacher-pretrain", threads),
             work=f"{ROOT}/work/teacher_pretrain",
         log:
             f"{ROOT}/logs/teacher_pretrain.log",
@@ -120,7 +165,7 @@ if TEACHER_FROM_SCRATCH:
         resources:
             **TRAIN_RESOURCES,
         shell:
-            "OMP_NUM_THREADS={threads} {params.python:q} -m pipeline teacher-pretrain --config-json {params.cfg:q}"
+            "{params.launch} --config-json {params.cfg:q}"
             " --data-dir {input.data:q} --tokenizer-dir {input.tokenizer:q} --out-dir {output:q}"
             " --work-dir {params.work:q} > {log:q} 2>&1"
 
@@ -135,8 +180,9 @@ rule teacher_finetune:
         directory(f"{ROOT}/teacher"),
     params:
         python=PYTHON,
-        cfg=stage_config("seed", "teacher", "squad"),
-        pretrained=lambda wildcards, input: f"--pretrained-dir {input.pretrained[0]}" if input.pretrained else "",
+        cfg=training_config("seed", "teacher", "squad"),
+        launch=lambda wildcards, threads: launch("teacher-finetune", threads),
+        pretrained=lambda wildcards, input: f"--pretrained-dir {shlex.quote(input.pretrained[0])}" if input.pretrained else "",
         work=f"{ROOT}/work/teacher_finetune",
     log:
         f"{ROOT}/logs/teacher_finetune.log",
@@ -147,7 +193,7 @@ rule teacher_finetune:
     resources:
         **TRAIN_RESOURCES,
     shell:
-        "OMP_NUM_THREADS={threads} {params.python:q} -m pipeline teacher-finetune --config-json {params.cfg:q}"
+        "{params.launch} --config-json {params.cfg:q}"
         " --data-dir {input.data:q} --tokenizer-dir {input.tokenizer:q} {params.pretrained}"
         " --out-dir {output:q} --work-dir {params.work:q} > {log:q} 2>&1"
 
@@ -215,7 +261,8 @@ rule distill_pretrain:
         variant="main|random_init_ablation",
     params:
         python=PYTHON,
-        cfg=stage_config("seed", "distill_pretrain"),
+        cfg=training_config("seed", "distill_pretrain"),
+        launch=lambda wildcards, threads: launch("distill-pretrain", threads),
         teacher=MLM_TEACHER,
         work=lambda wildcards: f"{ROOT}/work/distill_pretrain_{wildcards.variant}",
     log:
@@ -227,7 +274,7 @@ rule distill_pretrain:
     resources:
         **TRAIN_RESOURCES,
     shell:
-        "OMP_NUM_THREADS={threads} {params.python:q} -m pipeline distill-pretrain --config-json {params.cfg:q}"
+        "{params.launch} --config-json {params.cfg:q}"
         " --student-dir {input.student:q} --teacher {params.teacher:q} --data-dir {input.data:q}"
         " --token-counts {input.token_counts:q}/token_counts.json --out-dir {output:q} --work-dir {params.work:q}"
         " > {log:q} 2>&1"
@@ -243,7 +290,8 @@ rule distill_squad:
         directory(f"{ROOT}/distill_squad"),
     params:
         python=PYTHON,
-        cfg=stage_config("seed", "squad", "distill_squad"),
+        cfg=training_config("seed", "squad", "distill_squad"),
+        launch=lambda wildcards, threads: launch("distill-squad", threads),
         work=f"{ROOT}/work/distill_squad",
     log:
         f"{ROOT}/logs/distill_squad.log",
@@ -254,7 +302,7 @@ rule distill_squad:
     resources:
         **TRAIN_RESOURCES,
     shell:
-        "OMP_NUM_THREADS={threads} {params.python:q} -m pipeline distill-squad --config-json {params.cfg:q}"
+        "{params.launch} --config-json {params.cfg:q}"
         " --student-dir {input.student:q} --teacher-dir {input.teacher:q} --data-dir {input.data:q}"
         " --out-dir {output:q} --work-dir {params.work:q} > {log:q} 2>&1"
 
@@ -268,7 +316,8 @@ rule student_finetune:
         directory(f"{ROOT}/student_finetune"),
     params:
         python=PYTHON,
-        cfg=stage_config("seed", "squad", "distill_squad"),
+        cfg=training_config("seed", "squad", "distill_squad"),
+        launch=lambda wildcards, threads: launch("distill-squad", threads),
         work=f"{ROOT}/work/student_finetune",
     log:
         f"{ROOT}/logs/student_finetune.log",
@@ -279,7 +328,7 @@ rule student_finetune:
     resources:
         **TRAIN_RESOURCES,
     shell:
-        "OMP_NUM_THREADS={threads} {params.python:q} -m pipeline distill-squad --ce-only --config-json {params.cfg:q}"
+        "{params.launch} --ce-only --config-json {params.cfg:q}"
         " --student-dir {input.student:q} --data-dir {input.data:q}"
         " --out-dir {output:q} --work-dir {params.work:q} > {log:q} 2>&1"
 
@@ -418,12 +467,12 @@ rule benchmark:
         exports=expand(f"{ROOT}/{{kind}}/{{model}}", kind=["onnx", "quantized", "coreml"], model=list(EXPORTED_MODELS)),
         references=expand(f"{ROOT}/reference/{{architecture}}", architecture=CFG.export.reference.architectures),
         bundle=rules.bundle.output[0],
-        code=code("stages/benchmark", "latency"),
+        code=code("stages/benchmark", "latency", "stages/quantize", "stages/reference", "stages/export_onnx", "gates"),
     output:
         directory(f"{ROOT}/benchmark"),
     params:
         python=PYTHON,
-        cfg=stage_config("squad", "export", "benchmark"),
+        cfg=stage_config("seed", "squad", "export", "benchmark"),
         root=ROOT,
     log:
         f"{ROOT}/logs/benchmark.log",

@@ -7,6 +7,7 @@ import hashlib
 import json
 import logging
 import os
+import platform
 import shutil
 from pathlib import Path
 from typing import Any, Iterator
@@ -29,8 +30,12 @@ def atomic_write_json(path: str | Path, obj: Any) -> None:
 
 
 @contextlib.contextmanager
-def atomic_output_dir(final_dir: str | Path) -> Iterator[Path]:
-    """Yield a temporary folder to fill; it replaces `final_dir` only when the block finishes without error."""
+def atomic_output_dir(final_dir: str | Path, config: Any = None) -> Iterator[Path]:
+    """Yield a temporary folder to fill; it replaces `final_dir` only when the block finishes without error.
+
+    Before the rename, `manifest.json` is written beside the outputs (sha256 and bytes of every file, the hash
+    of `config`, library versions) unless the stage wrote its own; the next stage checks its inputs against it.
+    """
     final_dir = Path(final_dir)
     final_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = final_dir.with_name(f".{final_dir.name}.tmp-{os.getpid()}")
@@ -38,6 +43,8 @@ def atomic_output_dir(final_dir: str | Path) -> Iterator[Path]:
     tmp.mkdir()
     try:
         yield tmp
+        if not (tmp / "manifest.json").is_file():
+            write_manifest(tmp, config)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -122,6 +129,55 @@ def verify_manifest(root: str | Path) -> dict[str, Any]:
         if file_sha256(path) != expected["sha256"]:
             raise ManifestError(f"{path}: sha256 differs from the manifest (the file was changed)")
     return manifest
+
+
+# Libraries whose versions decide what a stage writes; every manifest records them.
+MANIFEST_LIBRARIES = ("torch", "transformers", "tokenizers", "safetensors", "datasets", "accelerate", "onnx",
+                      "onnxruntime", "optimum", "optimum-onnx", "coremltools", "numpy", "snakemake")
+
+
+def library_versions(names: tuple[str, ...] = MANIFEST_LIBRARIES) -> dict[str, str]:
+    from importlib import metadata
+
+    versions = {"python": platform.python_version()}
+    for name in names:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def config_sha256(config: Any) -> str | None:
+    """sha256 of a config (a dataclass or plain data) as canonical JSON; None without a config."""
+    if config is None:
+        return None
+    return hashlib.sha256(json.dumps(to_plain(config), sort_keys=True, default=str).encode()).hexdigest()
+
+
+def write_manifest(root: str | Path, config: Any = None) -> dict[str, Any]:
+    """Write `root`/manifest.json for the files under `root` (written last, so it covers all of them)."""
+    manifest = {
+        "files": files_manifest(root),
+        "config_sha256": config_sha256(config),
+        "library_versions": library_versions(),
+    }
+    atomic_write_json(Path(root) / "manifest.json", manifest)
+    return manifest
+
+
+def verify_input_dirs(*sources: str | Path | None) -> None:
+    """Check the manifest of every input folder that has one; raise ManifestError naming the first bad file.
+
+    Folders written by a pipeline stage always carry a manifest. A folder without one (a model downloaded or
+    trained elsewhere) and a hub name are taken as they are.
+    """
+    for source in sources:
+        if source is None:
+            continue
+        path = Path(source)
+        if path.is_dir() and (path / "manifest.json").is_file():
+            verify_manifest(path)
 
 
 def directory_size_bytes(path: str | Path) -> int:

@@ -465,11 +465,28 @@ class BenchmarkConfig:
 
 @dataclass
 class ComputeConfig:
-    """What Snakemake rules ask the scheduler for (resources:)."""
+    """How training rules are launched, and what Snakemake rules ask the scheduler for (resources:)."""
 
     gpus: int = option(0, "GPUs each training rule requests (resources: gpu); 0 runs on CPU.", minimum=0)
+    processes: int = option(
+        1,
+        "Training processes per training rule. 1: a plain `python -m pipeline` process; N > 1: `torchrun "
+        "--nproc_per_node N` (PyTorch DDP: NCCL on GPUs, one process per GPU; gloo on CPU). The effective batch "
+        "is batch_size x processes x grad_accum_steps.",
+        minimum=1,
+    )
+    mixed_precision: Literal["no", "bf16", "fp16"] = option(
+        "bf16", "Autocast precision of training on CUDA (fp16 adds loss scaling); CPU training is always fp32."
+    )
     training_mem_mb: int = option(8000, "Memory a training rule requests.", minimum=100)
     light_mem_mb: int = option(2000, "Memory a data or tokenizer rule requests.", minimum=100)
+
+    def __post_init__(self) -> None:
+        if self.gpus and self.processes != self.gpus:
+            raise ConfigError(
+                f"compute.processes: {self.processes} processes for compute.gpus {self.gpus}; DDP runs one process "
+                "per GPU, so set both to the same number"
+            )
 
 
 @dataclass

@@ -106,6 +106,20 @@ def load_squad(
     return dataset, report
 
 
+def local_data_files(squad: str, squad_dev: str | None, corpus: str) -> list[str]:
+    """The configured data sources that are local files (not 'synthetic', 'squad_contexts' or a hub name).
+
+    The Snakefile declares them as inputs of prepare_data: an edited file reruns what depends on it, and a
+    missing one is reported before any job starts."""
+    def is_local(source: str | None) -> bool:
+        if not source or source in ("synthetic", "squad_contexts"):
+            return False
+        return looks_like_a_path(source) or source.endswith(".txt") or Path(source).exists()
+
+    squad_files = [squad, squad_dev] if is_local(squad) else []  # squad_dev is read only beside a local squad
+    return [source for source in squad_files + [corpus] if is_local(source)]
+
+
 def looks_like_a_path(source: str) -> bool:
     """True when `source` is meant as a file, so a missing one is "file not found" rather than a hub lookup.
 

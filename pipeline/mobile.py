@@ -76,7 +76,7 @@ class QuestionAnswerer:
         if threads:  # pinned for reproducible timings; None lets onnxruntime use every core
             options.intra_op_num_threads = threads
             options.inter_op_num_threads = 1
-        self.session = onnxruntime.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+        self.session = _open_session(model_path, options)
         unknown = {i.name for i in self.session.get_inputs()} - {"input_ids", "attention_mask", "token_type_ids"}
         if unknown:
             raise BundleError(f"{model_path}: unexpected model inputs {sorted(unknown)}")
@@ -89,10 +89,10 @@ class QuestionAnswerer:
                    max_answer_length=squad_settings.max_answer_length, threads=threads)
 
     def _load_tokenizer(self, tokenizer_path: str | Path) -> None:
-        self.question_tokenizer = Tokenizer.from_file(str(tokenizer_path))  # counts question tokens, never truncates
+        self.question_tokenizer = _read_tokenizer(tokenizer_path)  # counts question tokens, never truncates
         self.question_tokenizer.no_truncation()
         self.question_tokenizer.no_padding()
-        self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
+        self.tokenizer = _read_tokenizer(tokenizer_path)
         self.tokenizer.no_padding()  # windows are padded here, explicitly
         self.tokenizer.enable_truncation(
             max_length=self.max_seq_length, stride=self.doc_stride, strategy="only_second", direction="right"
@@ -204,6 +204,26 @@ def window_logits(session, windows: Windows, batch_size: int = 16) -> tuple[np.n
         start_logits, end_logits = session.run(["start_logits", "end_logits"], feed)
         starts[rows, :length], ends[rows, :length] = start_logits, end_logits
     return starts, ends
+
+
+def _read_tokenizer(tokenizer_path: str | Path) -> Tokenizer:
+    if not Path(tokenizer_path).is_file():
+        raise BundleError(f"{tokenizer_path}: tokenizer file not found")
+    try:
+        return Tokenizer.from_file(str(tokenizer_path))
+    except Exception as error:  # tokenizers raises a bare Exception on malformed JSON
+        raise BundleError(f"{tokenizer_path}: not a tokenizers JSON file ({str(error).splitlines()[0]})") from None
+
+
+def _open_session(model_path: str | Path, options: onnxruntime.SessionOptions) -> onnxruntime.InferenceSession:
+    """An onnxruntime session on the CPU; a missing, truncated or corrupted model file is a BundleError naming it."""
+    if not Path(model_path).is_file():
+        raise BundleError(f"{model_path}: model file not found")
+    try:
+        return onnxruntime.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+    except Exception as error:  # onnxruntime raises its own Fail/InvalidProtobuf/InvalidGraph types
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise BundleError(f"{model_path}: not a loadable ONNX model ({reason})") from None
 
 
 def _pad_id(tokenizer: Tokenizer, tokenizer_path) -> int:

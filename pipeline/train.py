@@ -1,13 +1,18 @@
 """The one training loop every training stage shares.
 
 A stage supplies the trainable module, the examples, a collate function and `compute_loss(batch) -> dict`
-of named loss terms (the key "loss" is the one optimised). This loop owns the rest: device placement, bf16
-autocast on CUDA, gradient accumulation, AdamW with linear warm-up/decay, clipping, logging (progress bar,
+of named loss terms (the key "loss" is the one optimised). This loop owns the rest: device placement, mixed
+precision on CUDA, gradient accumulation, AdamW with linear warm-up/decay, clipping, logging (progress bar,
 the rule's log, a JSON Lines file), and atomic checkpoints from which a rerun resumes bit-for-bit on CPU.
 
 Determinism: the data order of epoch e comes from its own generator seeded with (seed, e), never from the
 global RNG, so resuming only has to skip the batches already consumed; dropout and dynamic masking draw
 from the global torch RNG, whose state each checkpoint saves and restores.
+
+Several processes: launched by `torchrun` or `accelerate launch` (PyTorch DDP over NCCL on GPUs, gloo on
+CPU), each process trains on its own shard of every global batch (the length-grouped batch of
+batch_size x processes examples, split by rank), the gradients are averaged across processes before each
+optimizer step, and only rank 0 logs, checkpoints and goes on to evaluate and write the stage's outputs.
 """
 
 from __future__ import annotations
@@ -27,16 +32,19 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
+import torch.distributed
 from safetensors.torch import load_model, save_model
 from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 from transformers.trainer_pt_utils import get_length_grouped_indices
 
+from pipeline.artifacts import ManifestError, verify_manifest, write_manifest
 from pipeline.config import TrainConfig
 
 logger = logging.getLogger(__name__)
 
 Batch = dict[str, torch.Tensor]
+PRECISIONS = ("no", "bf16", "fp16")
 
 
 @dataclass
@@ -51,12 +59,19 @@ class TrainResult:
     peak_memory_mb: float
     resumed_from_step: int
     device: str
+    processes: int = 1
+    effective_batch_size: int = 0
+    mixed_precision: str = "no"
 
     def as_metrics(self) -> dict[str, Any]:
         return {
             "steps": self.steps,
             "train_seconds": round(self.train_seconds, 3),
-            "tokens_per_second": round(self.tokens_per_second, 1),
+            "tokens_per_second": round(self.tokens_per_second, 1),  # all processes together
+            "tokens_per_second_per_process": round(self.tokens_per_second / self.processes, 1),
+            "processes": self.processes,
+            "effective_batch_size": self.effective_batch_size,
+            "mixed_precision": self.mixed_precision,
             "final_loss_terms": {k: round(v, 6) for k, v in self.final_terms.items()},
             "peak_memory_mb": round(self.peak_memory_mb, 1),
             "resumed_from_step": self.resumed_from_step,
@@ -65,16 +80,43 @@ class TrainResult:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Device, seeding, threads
+# Processes, device, seeding, threads
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def resolve_device(cfg: TrainConfig) -> torch.device:
+@dataclass(frozen=True)
+class ProcessGroup:
+    """This process's place in a `torchrun` / `accelerate launch` job; WORLD_SIZE 1 is the plain single process."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def process_group_from_env() -> ProcessGroup:
+    """The launcher's environment variables (torchrun and accelerate set RANK, LOCAL_RANK, WORLD_SIZE)."""
+    return ProcessGroup(
+        rank=int(os.environ.get("RANK", 0)),
+        local_rank=int(os.environ.get("LOCAL_RANK", 0)),
+        world_size=int(os.environ.get("WORLD_SIZE", 1)),
+    )
+
+
+def resolve_device(cfg: TrainConfig, local_rank: int = 0) -> torch.device:
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("train.device is 'cuda' but no CUDA device is available")
     if cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
-    return torch.device("cuda")
+    torch.cuda.set_device(local_rank)  # one GPU per process
+    return torch.device("cuda", local_rank)
 
 
 def seed_everything(seed: int) -> None:
@@ -88,14 +130,33 @@ def configure_cpu_threads(n_threads: int | None) -> None:
 
 
 def prepare_run(cfg: TrainConfig, seed: int) -> torch.device:
-    """What every training stage does first: CPU threads, the device, and all seeds."""
+    """What every training stage does first: CPU threads, the device, all seeds, and (when launched with
+    several processes) the process group: NCCL between GPUs, gloo on CPU."""
     configure_cpu_threads(cfg.cpu_threads)
-    seed_everything(seed)
-    return resolve_device(cfg)
+    seed_everything(seed)  # the same on every rank: models built from random draws start identical
+    group = process_group_from_env()
+    device = resolve_device(cfg, group.local_rank)
+    if group.distributed and not torch.distributed.is_initialized():
+        torch.distributed.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    return device
+
+
+def mixed_precision(cfg: TrainConfig, device: torch.device) -> str:
+    """no / bf16 / fp16 autocast. CUDA only; the launch decides (compute.mixed_precision, which the Snakefile
+    passes as accelerate's ACCELERATE_MIXED_PRECISION), else train.bf16."""
+    if device.type != "cuda":
+        return "no"
+    choice = os.environ.get("ACCELERATE_MIXED_PRECISION") or ("bf16" if cfg.bf16 else "no")
+    if choice not in PRECISIONS:
+        raise ValueError(f"ACCELERATE_MIXED_PRECISION={choice!r}: expected one of {list(PRECISIONS)}")
+    if choice == "bf16" and not torch.cuda.is_bf16_supported():
+        logger.warning("this GPU has no bf16: training in fp16 with loss scaling instead")
+        return "fp16"
+    return choice
 
 
 def use_bf16(cfg: TrainConfig, device: torch.device) -> bool:
-    return cfg.bf16 and device.type == "cuda" and torch.cuda.is_bf16_supported()
+    return mixed_precision(cfg, device) == "bf16"
 
 
 def peak_memory_mb(device: torch.device) -> float:
@@ -136,6 +197,19 @@ def epoch_batches(
     return [order[i : i + batch_size] for i in range(0, n_examples, batch_size)]
 
 
+def shard(global_batch: list[int], rank: int, world_size: int) -> list[int]:
+    """This rank's part of a global batch: every world_size-th example, so each rank gets the same length mix.
+
+    A short last batch is padded by repeating its first examples (as torch's DistributedSampler pads), so no
+    rank is ever left without data."""
+    if world_size == 1:
+        return global_batch
+    padded = list(global_batch)
+    while len(padded) % world_size:
+        padded.append(global_batch[(len(padded) - len(global_batch)) % len(global_batch)])
+    return padded[rank::world_size]
+
+
 def micro_batch_stream(
     examples: Sequence[Any],
     collate: Callable[[list[Any]], Batch],
@@ -144,16 +218,21 @@ def micro_batch_stream(
     start_micro_batch: int,
     total_micro_batches: int,
     lengths: Sequence[int] | None = None,
+    group: ProcessGroup = ProcessGroup(),
 ) -> Iterator[Batch]:
-    """The run's micro-batches in order, epoch after epoch, starting after the ones already consumed."""
-    batches_per_epoch = math.ceil(len(examples) / batch_size)
+    """This rank's micro-batches in order, epoch after epoch, starting after the ones already consumed.
+
+    Positions count global micro-batches (batch_size x world_size examples), the same on every rank, so a
+    resumed run restarts every shard where it stopped."""
+    global_batch_size = batch_size * group.world_size
+    batches_per_epoch = math.ceil(len(examples) / global_batch_size)
     position = start_micro_batch
     while position < total_micro_batches:
         epoch, offset = divmod(position, batches_per_epoch)
-        for indices in epoch_batches(len(examples), batch_size, seed, epoch, lengths=lengths)[offset:]:
+        for indices in epoch_batches(len(examples), global_batch_size, seed, epoch, lengths=lengths)[offset:]:
             if position >= total_micro_batches:
                 return
-            yield collate([examples[i] for i in indices])
+            yield collate([examples[i] for i in shard(indices, group.rank, group.world_size)])
             position += 1
 
 
@@ -161,9 +240,9 @@ def to_device(batch: Batch, device: torch.device) -> Batch:
     return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
-def count_optimizer_steps(cfg: TrainConfig, n_examples: int) -> tuple[int, int]:
+def count_optimizer_steps(cfg: TrainConfig, n_examples: int, world_size: int = 1) -> tuple[int, int]:
     """(optimizer steps, micro-batches) of the run: max_steps when set, else `epochs` passes."""
-    batches_per_epoch = math.ceil(n_examples / cfg.batch_size)
+    batches_per_epoch = math.ceil(n_examples / (cfg.batch_size * world_size))
     if cfg.max_steps:
         return cfg.max_steps, cfg.max_steps * cfg.grad_accum_steps
     micro_batches = max(1, math.ceil(cfg.epochs * batches_per_epoch))
@@ -172,7 +251,7 @@ def count_optimizer_steps(cfg: TrainConfig, n_examples: int) -> tuple[int, int]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Optimiser
+# Optimiser and gradient averaging
 # ---------------------------------------------------------------------------------------------------------------
 
 
@@ -192,6 +271,39 @@ def build_optimizer(module: torch.nn.Module, cfg: TrainConfig, device: torch.dev
     )
 
 
+def average_gradients(module: torch.nn.Module, world_size: int) -> None:
+    """Average the trainable parameters' gradients over all processes: one all_reduce per optimizer step.
+
+    This is DDP's gradient synchronisation with accumulation under no_sync. DDP's wrapper arms its reducer in
+    its own forward, and a stage's loss calls submodules (student.distilbert, model.cls) that the wrapper's
+    forward never sees, so the loop reduces the gradients itself, in one flat buffer. Frozen modules (the
+    teacher) have no trainable parameters and take no part."""
+    parameters = [p for p in module.parameters() if p.requires_grad]
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in parameters]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    torch.distributed.all_reduce(flat, op=torch.distributed.ReduceOp.SUM)
+    flat /= world_size
+    offset = 0
+    for parameter, grad in zip(parameters, grads):
+        count = grad.numel()
+        parameter.grad = flat[offset : offset + count].view_as(grad).clone()
+        offset += count
+
+
+def all_ranks_sum(values: list[float], group: ProcessGroup, device: torch.device) -> list[float]:
+    """Sum numbers over all processes (tokens, loss sums): what the log reports is the whole job's."""
+    if not group.distributed:
+        return values
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.SUM)
+    return tensor.tolist()
+
+
+def barrier(group: ProcessGroup) -> None:
+    if group.distributed:
+        torch.distributed.barrier()
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Checkpoints
 # ---------------------------------------------------------------------------------------------------------------
@@ -206,6 +318,22 @@ def _checkpoint_dirs(checkpoint_dir: Path) -> list[Path]:
     return sorted((p for p in found if p.name[len(CHECKPOINT_PREFIX) :].isdigit()), key=lambda p: int(p.name[len(CHECKPOINT_PREFIX) :]))
 
 
+def _rng_state() -> dict[str, Any]:
+    version, internal, gauss = random.getstate()
+    state = {"torch": torch.get_rng_state(), "python": [version, list(internal), gauss]}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+
+
 def save_checkpoint(
     checkpoint_dir: Path,
     step: int,
@@ -214,69 +342,89 @@ def save_checkpoint(
     scheduler: Any,
     fingerprint: str,
     keep: int,
+    group: ProcessGroup = ProcessGroup(),
+    scaler: torch.amp.GradScaler | None = None,
 ) -> Path:
-    """Write a checkpoint atomically: into a temporary folder, renamed into place when complete."""
-    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    """Write a checkpoint atomically: into a temporary folder, renamed into place when complete.
+
+    Every rank saves its own RNG state (dropout and masking differ per rank); rank 0 saves the weights,
+    optimizer and schedule (identical on every rank) and the manifest, then renames."""
     final = checkpoint_dir / f"{CHECKPOINT_PREFIX}{step:08d}"
-    tmp = checkpoint_dir / f".tmp-{final.name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    save_model(module, str(tmp / "model.safetensors"))  # handles tied weights
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-    rng = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        rng["cuda"] = torch.cuda.get_rng_state_all()
-    torch.save(rng, tmp / "rng.pt")
-    state = {"step": step, "fingerprint": fingerprint, "python_random": _python_rng_to_json(random.getstate())}
-    (tmp / "trainer_state.json").write_text(json.dumps(state))
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
-    for old in _checkpoint_dirs(checkpoint_dir)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    tmp = checkpoint_dir / f".tmp-{final.name}"
+    if group.is_main:
+        checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    barrier(group)
+    torch.save(_rng_state(), tmp / f"rng-rank{group.rank}.pt")
+    barrier(group)
+    if group.is_main:
+        save_model(module, str(tmp / "model.safetensors"))  # handles tied weights
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+        if scaler is not None and scaler.is_enabled():
+            torch.save(scaler.state_dict(), tmp / "scaler.pt")
+        state = {"step": step, "fingerprint": fingerprint, "world_size": group.world_size}
+        (tmp / "trainer_state.json").write_text(json.dumps(state))
+        write_manifest(tmp)  # a truncated or altered file is refused by name on resume
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        for old in _checkpoint_dirs(checkpoint_dir)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    barrier(group)
     return final
 
 
-def _python_rng_to_json(state: tuple) -> list:
-    version, internal, gauss = state
-    return [version, list(internal), gauss]
+def latest_checkpoint(checkpoint_dir: Path, fingerprint: str, world_size: int = 1) -> Path | None:
+    """The newest complete checkpoint of this same run; checkpoints of another config are discarded.
 
-
-def _python_rng_from_json(state: list) -> tuple:
-    version, internal, gauss = state
-    return (version, tuple(internal), gauss)
-
-
-def latest_checkpoint(checkpoint_dir: Path, fingerprint: str) -> Path | None:
-    """The newest complete checkpoint of this same run; checkpoints of another config are discarded."""
+    A checkpoint whose files differ from its manifest raises ManifestError naming the file: resuming from it
+    would silently train from damaged state."""
     for candidate in reversed(_checkpoint_dirs(checkpoint_dir)):
         state_file = candidate / "trainer_state.json"
-        if not state_file.is_file():
+        if not state_file.is_file() or not (candidate / "manifest.json").is_file():
+            logger.warning("discarding checkpoint %s: it is incomplete (no trainer_state.json or manifest.json)",
+                           candidate)
+            shutil.rmtree(candidate, ignore_errors=True)
             continue
         state = json.loads(state_file.read_text())
-        if state.get("fingerprint") == fingerprint:
+        if state.get("fingerprint") == fingerprint and state.get("world_size", 1) == world_size:
+            try:
+                verify_manifest(candidate)
+            except ManifestError as error:
+                raise ManifestError(f"{error}; delete {candidate} to resume from an earlier checkpoint") from None
             return candidate
-        logger.warning("discarding checkpoint %s: it belongs to a run with a different config or inputs", candidate)
+        logger.warning("discarding checkpoint %s: it belongs to a run with a different config, inputs or number "
+                       "of processes", candidate)
         shutil.rmtree(candidate, ignore_errors=True)
     return None
 
 
 def load_checkpoint(
-    path: Path, module: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, device: torch.device
+    path: Path, module: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, device: torch.device,
+    group: ProcessGroup = ProcessGroup(), scaler: torch.amp.GradScaler | None = None,
 ) -> int:
-    """Restore weights, optimizer, schedule and RNG states; returns the step to continue from."""
+    """Restore weights, optimizer, schedule and this rank's RNG states; returns the step to continue from."""
     missing, unexpected = load_model(module, str(path / "model.safetensors"), device=str(device))
     if unexpected:
         raise RuntimeError(f"{path}: checkpoint has unexpected tensors {unexpected[:5]}")
     optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location=device, weights_only=True))
     scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
-    rng = torch.load(path / "rng.pt", weights_only=True)
-    torch.set_rng_state(rng["torch"])
-    if "cuda" in rng and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rng["cuda"])
+    if scaler is not None and scaler.is_enabled() and (path / "scaler.pt").is_file():
+        scaler.load_state_dict(torch.load(path / "scaler.pt", weights_only=True))
+    _set_rng_state(torch.load(path / f"rng-rank{group.rank}.pt", weights_only=True))
     state = json.loads((path / "trainer_state.json").read_text())
-    random.setstate(_python_rng_from_json(state["python_random"]))
     return int(state["step"])
+
+
+def _find_and_load_checkpoint(checkpoint_dir, fingerprint, module, optimizer, scheduler, device, group, scaler):
+    """Rank 0 picks (and cleans) the checkpoint; every rank loads the same one. Returns the start step."""
+    found = [latest_checkpoint(checkpoint_dir, fingerprint, group.world_size) if group.is_main else None]
+    if group.distributed:
+        torch.distributed.broadcast_object_list(found, src=0)
+    if found[0] is None:
+        return 0
+    return load_checkpoint(Path(found[0]), module, optimizer, scheduler, device, group, scaler)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -314,37 +462,52 @@ def train(
 ) -> TrainResult:
     """Train `module` (every parameter that requires grad) by minimising compute_loss(batch)["loss"].
 
-    `compute_loss` receives each micro-batch already on `device`, under bf16 autocast on CUDA, and returns the
+    `compute_loss` receives each micro-batch already on `device`, under autocast on CUDA, and returns the
     named loss terms; every term is logged. Tokens per second count the batch's attention_mask (or input_ids).
+
+    Under a launcher with several processes, ranks other than 0 end their process when training is done:
+    evaluation and every output are rank 0's.
     """
     if len(examples) == 0:
         raise ValueError(f"{description}: no training examples")
     if cfg.group_by_length and example_lengths is None:
         raise ValueError(f"{description}: group_by_length is set but the stage passed no example_lengths")
-    total_steps, total_micro_batches = count_optimizer_steps(cfg, len(examples))
+    group = process_group_from_env()
+    total_steps, total_micro_batches = count_optimizer_steps(cfg, len(examples), group.world_size)
     optimizer = build_optimizer(module, cfg, device)
     scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * total_steps), total_steps)
-    autocast_bf16 = use_bf16(cfg, device)
+    precision = mixed_precision(cfg, device)
+    autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    scaler = torch.amp.GradScaler("cuda", enabled=precision == "fp16")  # fp16 needs loss scaling, bf16 does not
+    effective_batch = cfg.batch_size * group.world_size * cfg.grad_accum_steps
+    if group.distributed:
+        # Dropout and dynamic masking must differ between ranks, or every shard would see the same masks.
+        seed_everything(seed * 1_000_003 + group.rank)
 
-    start_step = 0
-    checkpoint = latest_checkpoint(checkpoint_dir, fingerprint)
-    if checkpoint is not None:
-        start_step = load_checkpoint(checkpoint, module, optimizer, scheduler, device)
-        logger.info("%s: resuming from %s (step %d of %d)", description, checkpoint, start_step, total_steps)
-        _truncate_log_after(log_path, start_step)
-    elif log_path.exists():
-        log_path.unlink()
-    log_path.parent.mkdir(parents=True, exist_ok=True)
+    start_step = _find_and_load_checkpoint(checkpoint_dir, fingerprint, module, optimizer, scheduler, device,
+                                           group, scaler)
+    if group.is_main:
+        if start_step:
+            logger.info("%s: resuming from step %d of %d", description, start_step, total_steps)
+            _truncate_log_after(log_path, start_step)
+        elif log_path.exists():
+            log_path.unlink()
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        logger.info(
+            "%s: %d process(es) x %d per device x %d accumulation = effective batch %d; precision %s on %s",
+            description, group.world_size, cfg.batch_size, cfg.grad_accum_steps, effective_batch, precision, device,
+        )
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
 
     module.train()
     stream = micro_batch_stream(
         examples, collate, cfg.batch_size, seed, start_step * cfg.grad_accum_steps, total_micro_batches,
-        lengths=example_lengths if cfg.group_by_length else None,
+        lengths=example_lengths if cfg.group_by_length else None, group=group,
     )
     progress = tqdm(
-        total=total_steps, initial=start_step, desc=description, file=sys.stderr, mininterval=2.0, dynamic_ncols=True
+        total=total_steps, initial=start_step, desc=description, file=sys.stderr, mininterval=2.0, dynamic_ncols=True,
+        disable=not group.is_main,
     )
     interval_terms: dict[str, float] = defaultdict(float)
     interval_micro_batches = 0
@@ -357,18 +520,22 @@ def train(
     while step < total_steps:
         for _ in range(cfg.grad_accum_steps):
             batch = to_device(next(stream), device)
-            with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=autocast_bf16):
+            with torch.autocast(device_type=device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
                 terms = compute_loss(batch)
-            (terms["loss"] / cfg.grad_accum_steps).backward()
+            scaler.scale(terms["loss"] / cfg.grad_accum_steps).backward()
             for name, value in terms.items():
                 interval_terms[name] += float(value.detach())
             interval_micro_batches += 1
             tokens = int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()
             interval_tokens += tokens
             total_tokens += tokens
+        if group.distributed:
+            average_gradients(module, group.world_size)
+        scaler.unscale_(optimizer)
         if cfg.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.max_grad_norm)
-        optimizer.step()
+        scaler.step(optimizer)
+        scaler.update()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         step += 1
@@ -376,30 +543,41 @@ def train(
 
         if step % cfg.log_every == 0 or step == total_steps:
             elapsed = time.perf_counter() - interval_start
-            final_terms = {name: total / interval_micro_batches for name, total in interval_terms.items()}
+            names = sorted(interval_terms)
+            # Loss terms and tokens of every rank: the log describes the whole job, not rank 0's shard.
+            sums = all_ranks_sum([interval_terms[n] for n in names] + [interval_micro_batches, interval_tokens],
+                                 group, device)
+            n_micro_batches, job_tokens = sums[-2], sums[-1]
+            final_terms = {name: total / n_micro_batches for name, total in zip(names, sums)}
             record = {
                 "step": step,
-                "epoch": round(step * cfg.grad_accum_steps * cfg.batch_size / len(examples), 4),
+                "epoch": round(step * cfg.grad_accum_steps * cfg.batch_size * group.world_size / len(examples), 4),
                 "lr": scheduler.get_last_lr()[0],
-                "tokens_per_second": round(interval_tokens / max(elapsed, 1e-9), 1),
+                "tokens_per_second": round(job_tokens / max(elapsed, 1e-9), 1),
+                "effective_batch_size": effective_batch,
                 **{name: round(value, 6) for name, value in final_terms.items()},
             }
-            with log_path.open("a") as handle:
-                handle.write(json.dumps(record) + "\n")
-            logger.info("%s %s", description, " ".join(f"{k}={v}" for k, v in record.items()))
-            progress.set_postfix(loss=f"{final_terms['loss']:.4f}")
+            if group.is_main:
+                with log_path.open("a") as handle:
+                    handle.write(json.dumps(record) + "\n")
+                logger.info("%s %s", description, " ".join(f"{k}={v}" for k, v in record.items()))
+                progress.set_postfix(loss=f"{final_terms['loss']:.4f}")
             interval_terms.clear()
             interval_micro_batches = interval_tokens = 0
             interval_start = time.perf_counter()
 
         if step % cfg.checkpoint_every == 0 and step < total_steps:
-            save_checkpoint(checkpoint_dir, step, module, optimizer, scheduler, fingerprint, cfg.keep_checkpoints)
+            save_checkpoint(checkpoint_dir, step, module, optimizer, scheduler, fingerprint, cfg.keep_checkpoints,
+                            group, scaler)
     progress.close()
 
     train_seconds = time.perf_counter() - run_start
-    # Checkpoints exist to survive a crash; the finished run's outputs replace them (optimizer states are large).
-    shutil.rmtree(checkpoint_dir, ignore_errors=True)
-    return TrainResult(
+    total_tokens = int(all_ranks_sum([total_tokens], group, device)[0])
+    barrier(group)
+    if group.is_main:
+        # Checkpoints exist to survive a crash; the finished run's outputs replace them (optimizer states are large).
+        shutil.rmtree(checkpoint_dir, ignore_errors=True)
+    result = TrainResult(
         steps=step,
         micro_batches=step * cfg.grad_accum_steps,
         train_seconds=train_seconds,
@@ -408,4 +586,12 @@ def train(
         peak_memory_mb=peak_memory_mb(device),
         resumed_from_step=start_step,
         device=str(device),
+        processes=group.world_size,
+        effective_batch_size=effective_batch,
+        mixed_precision=precision,
     )
+    if group.distributed:
+        torch.distributed.destroy_process_group()
+        if not group.is_main:
+            sys.exit(0)
+    return result

@@ -270,7 +270,7 @@ def run(cfg: PipelineConfig, root: Path, out_dir: Path) -> dict:
     items = trained_artifacts(root) + reference_artifacts(root, cfg.export.reference.architectures,
                                                           bcfg.timed_references)
     longest = max(bcfg.sequence_lengths)
-    with atomic_output_dir(out_dir) as tmp:
+    with atomic_output_dir(out_dir, cfg) as tmp:
         for item in items:
             if not item["timed"]:
                 item["latency_ms"], item["peak_rss_mb"] = None, None

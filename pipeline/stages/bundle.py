@@ -35,6 +35,7 @@ from pipeline.artifacts import (
     read_json,
     setup_logging,
     to_plain,
+    verify_input_dirs,
     verify_manifest,
 )
 from pipeline.config import PipelineConfig, config_from_json
@@ -191,6 +192,7 @@ Answer: **{example['answer']['answer']}** (context characters {example['answer']
 
 def run(cfg: PipelineConfig, quantized_dir: Path, coreml_dir: Path, model_dir: Path, data_dir: Path,
         out_dir: Path) -> dict:
+    verify_input_dirs(quantized_dir, coreml_dir, model_dir, data_dir)
     from pipeline.data import load_squad
 
     quantized = read_json(quantized_dir / "quantize.json")
@@ -204,7 +206,7 @@ def run(cfg: PipelineConfig, quantized_dir: Path, coreml_dir: Path, model_dir: P
     pytorch_f1 = read_json(model_dir / "metrics.json")["f1"]
     source = quantized_dir / choice
 
-    with atomic_output_dir(out_dir) as tmp:
+    with atomic_output_dir(out_dir, cfg) as tmp:
         shutil.copy(source / "model.onnx", tmp / ONNX_NAME)
         for name in ("tokenizer.json", "vocab.txt"):
             shutil.copy(source / name, tmp / name)

@@ -20,6 +20,7 @@ import torch
 from transformers import AutoTokenizer, BertForMaskedLM, DistilBertForMaskedLM
 
 from pipeline.artifacts import atomic_output_dir, atomic_write_json, fingerprint, setup_logging, to_plain
+from pipeline.artifacts import verify_input_dirs
 from pipeline.config import DistillPretrainConfig, PipelineConfig, config_from_json
 from pipeline.losses import hidden_cosine_loss, logits_mse_loss, masked_lm_loss, soft_target_kl_loss
 from pipeline.masking import mask_tokens, selection_weights_from_counts
@@ -87,6 +88,7 @@ def run(
     out_dir: Path,
     work_dir: Path,
 ) -> dict:
+    verify_input_dirs(student_dir, teacher_source, data_dir, token_counts_path.parent if token_counts_path else None)
     dcfg = cfg.distill_pretrain
     device = prepare_run(dcfg.train, cfg.seed)
     tokenizer = AutoTokenizer.from_pretrained(student_dir)
@@ -144,7 +146,7 @@ def run(
         "loss_weights": {"ce": dcfg.alpha_ce, "mlm": dcfg.alpha_mlm, "cos": dcfg.alpha_cos, "mse": dcfg.alpha_mse},
         "temperature": dcfg.temperature,
     }
-    with atomic_output_dir(out_dir) as tmp:
+    with atomic_output_dir(out_dir, cfg) as tmp:
         student.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         shutil.copy(work_dir / "train_log.jsonl", tmp / "train_log.jsonl")

@@ -29,6 +29,7 @@ from transformers import AutoTokenizer, BertForQuestionAnswering, DistilBertForQ
 
 from pipeline import qa
 from pipeline.artifacts import atomic_output_dir, atomic_write_json, fingerprint, read_json, setup_logging, to_plain
+from pipeline.artifacts import verify_input_dirs
 from pipeline.config import ConfigError, DistillSquadConfig, PipelineConfig, config_from_json
 from pipeline.data import load_squad
 from pipeline.losses import (
@@ -243,6 +244,7 @@ def run(
     work_dir: Path,
 ) -> dict:
     """Train the student on SQuAD; with teacher_dir None, plain CE (the student_finetune baseline)."""
+    verify_input_dirs(student_dir, teacher_dir, data_dir)
     dcfg = cfg.distill_squad
     device = prepare_run(dcfg.train, cfg.seed)
     tokenizer = AutoTokenizer.from_pretrained(student_dir)
@@ -303,7 +305,7 @@ def run(
         metrics["teacher_f1"] = teacher_metrics["f1"]
         metrics["teacher_exact_match"] = teacher_metrics["exact_match"]
         metrics["f1_relative_to_teacher"] = round(metrics["f1"] / max(teacher_metrics["f1"], 1e-9), 4)
-    with atomic_output_dir(out_dir) as tmp:
+    with atomic_output_dir(out_dir, cfg) as tmp:
         student.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         atomic_write_json(tmp / "predictions.json", predictions)

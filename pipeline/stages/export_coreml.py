@@ -24,6 +24,7 @@ import torch
 
 from pipeline import qa, squad
 from pipeline.artifacts import atomic_output_dir, atomic_write_json, directory_size_bytes, megabytes, read_json, setup_logging
+from pipeline.artifacts import verify_input_dirs
 from pipeline.config import ConfigError, CoreMLConfig, PipelineConfig, config_from_json
 from pipeline.gates import GateError, compressed_model_report, raise_for_failures
 
@@ -219,6 +220,7 @@ def weight_matrix_count(model: torch.nn.Module, variant: str, cfg: CoreMLConfig)
 
 def run(cfg: PipelineConfig, model_dir: Path, data_dir: Path | None, out_dir: Path) -> dict:
     """Convert every configured variant; with data_dir, score each proxy on dev and enforce the gates."""
+    verify_input_dirs(model_dir, data_dir)
     from transformers import AutoTokenizer
 
     ccfg, gates = cfg.export.coreml, cfg.export.gates
@@ -235,7 +237,7 @@ def run(cfg: PipelineConfig, model_dir: Path, data_dir: Path | None, out_dir: Pa
         pytorch_f1 = read_json(model_dir / "metrics.json")["f1"]
 
     packages, reports = {}, []
-    with atomic_output_dir(out_dir) as tmp:
+    with atomic_output_dir(out_dir, cfg) as tmp:
         for variant in ccfg.variants:
             wrapped = load_wrapped(model_dir, mask_input)
             compressed = compress(wrapped, variant, ccfg)

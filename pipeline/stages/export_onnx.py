@@ -25,6 +25,7 @@ import numpy as np
 
 from pipeline import mobile, qa, squad
 from pipeline.artifacts import atomic_output_dir, atomic_write_json, directory_size_bytes, megabytes, read_json, setup_logging
+from pipeline.artifacts import verify_input_dirs
 from pipeline.config import PipelineConfig, config_from_json
 from pipeline.gates import GateError, answer_agreement, logit_parity_report, raise_for_failures
 
@@ -110,6 +111,7 @@ def run(cfg: PipelineConfig, model_dir: Path, data_dir: Path, out_dir: Path) -> 
 
     from pipeline.data import load_squad
 
+    verify_input_dirs(model_dir, data_dir)
     gates = cfg.export.gates
     model = AutoModelForQuestionAnswering.from_pretrained(model_dir).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -121,7 +123,7 @@ def run(cfg: PipelineConfig, model_dir: Path, data_dir: Path, out_dir: Path) -> 
     pytorch_metrics = read_json(model_dir / "metrics.json")
     n_layers = model.config.num_hidden_layers
 
-    with atomic_output_dir(out_dir) as tmp:
+    with atomic_output_dir(out_dir, cfg) as tmp:
         export_fp32(model_dir, tmp / "fp32", cfg.export.opset)
         fused_ops = optimize_graph(tmp / "fp32", tmp / "optimized")
         check_fusions(fused_ops, n_layers, f"{out_dir}/optimized")

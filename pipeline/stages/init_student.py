@@ -14,7 +14,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer, BertForMaskedLM
 
-from pipeline.artifacts import atomic_output_dir, atomic_write_json, setup_logging
+from pipeline.artifacts import atomic_output_dir, atomic_write_json, setup_logging, verify_input_dirs
 from pipeline.config import PipelineConfig, config_from_json
 from pipeline.students import (
     init_student_from_teacher,
@@ -27,6 +27,7 @@ logger = logging.getLogger(__name__)
 
 
 def run(cfg: PipelineConfig, teacher_source: str, tokenizer_dir: Path, out_dir: Path, init: str | None = None) -> dict:
+    verify_input_dirs(teacher_source, tokenizer_dir)
     init = init or cfg.student.init
     teacher = BertForMaskedLM.from_pretrained(teacher_source)
     n_layers = cfg.student.n_layers or max(1, teacher.config.num_hidden_layers // 2)
@@ -48,7 +49,7 @@ def run(cfg: PipelineConfig, teacher_source: str, tokenizer_dir: Path, out_dir: 
         "n_parameters": student.num_parameters(),
         "n_teacher_parameters": teacher.num_parameters(),
     }
-    with atomic_output_dir(out_dir) as tmp:
+    with atomic_output_dir(out_dir, cfg) as tmp:
         student.save_pretrained(tmp, safe_serialization=True)
         AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(tmp)
         atomic_write_json(tmp / "metrics.json", metrics)

@@ -104,7 +104,7 @@ def to_squad_v1_json(dataset: datasets.Dataset) -> dict:
 
 
 def run(cfg: PipelineConfig, out_dir: Path) -> dict:
-    with atomic_output_dir(out_dir) as tmp:
+    with atomic_output_dir(out_dir, cfg) as tmp:
         synthetic_dir = tmp / "synthetic"
         world_stats = {}
         if cfg.data.squad == "synthetic":

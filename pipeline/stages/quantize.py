@@ -29,6 +29,7 @@ from onnx import numpy_helper
 
 from pipeline import mobile, squad
 from pipeline.artifacts import atomic_output_dir, atomic_write_json, directory_size_bytes, megabytes, read_json, setup_logging
+from pipeline.artifacts import verify_input_dirs
 from pipeline.config import PipelineConfig, QuantizeConfig, config_from_json
 from pipeline.gates import compressed_model_report, raise_for_failures
 from pipeline.latency import compare_latency, cpu_description
@@ -141,6 +142,7 @@ def choose_bundle_variant(variants: dict, tie_fraction: float) -> tuple[str | No
 
 
 def run(cfg: PipelineConfig, onnx_dir: Path, model_dir: Path, data_dir: Path, out_dir: Path, threads: int = 1) -> dict:
+    verify_input_dirs(onnx_dir, model_dir, data_dir)
     from pipeline.data import load_squad
 
     qcfg, gates = cfg.export.quantize, cfg.export.gates
@@ -151,7 +153,7 @@ def run(cfg: PipelineConfig, onnx_dir: Path, model_dir: Path, data_dir: Path, ou
     pytorch_f1 = read_json(model_dir / "metrics.json")["f1"]
     vocab_size = read_json(onnx_dir / "fp32" / "config.json")["vocab_size"]
 
-    with atomic_output_dir(out_dir) as tmp:
+    with atomic_output_dir(out_dir, cfg) as tmp:
         names = build_variants(onnx_dir, tmp, settings, qcfg.int4_block_size if qcfg.int4 else None,
                                qcfg.int4_embeddings)
         variants, reports = {}, []

@@ -79,7 +79,7 @@ def run(cfg: PipelineConfig, architecture: str, out_dir: Path) -> dict:
     settings = quantize.quantization_settings(cfg.export.quantize)
     pretrained = rcfg.distilbert_pretrained if architecture == "distilbert" else rcfg.bert_base_pretrained
     with_device_formats = architecture == "distilbert"  # the 207 MB comparison is about DistilBERT
-    with atomic_output_dir(out_dir) as tmp:
+    with atomic_output_dir(out_dir, cfg) as tmp:
         pytorch_dir = tmp / "pytorch"
         n_parameters = save_full_size(architecture, pytorch_dir, pretrained, cfg.seed)
         model_config = json.loads((pytorch_dir / "config.json").read_text())

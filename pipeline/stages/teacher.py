@@ -19,7 +19,9 @@ import torch
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM, BertForQuestionAnswering
 
 from pipeline import qa
-from pipeline.artifacts import atomic_output_dir, atomic_write_json, fingerprint, setup_logging, to_plain
+from pipeline.artifacts import (
+    atomic_output_dir, atomic_write_json, fingerprint, setup_logging, to_plain, verify_input_dirs,
+)
 from pipeline.config import PipelineConfig, config_from_json
 from pipeline.data import load_squad
 from pipeline.losses import masked_lm_loss
@@ -47,6 +49,7 @@ def teacher_config_from_scratch(cfg: PipelineConfig, tokenizer) -> BertConfig:
 
 def run_pretrain(cfg: PipelineConfig, data_dir: Path, tokenizer_dir: Path, out_dir: Path, work_dir: Path) -> dict:
     """MLM pretraining from scratch. `work_dir` holds checkpoints and the live training log."""
+    verify_input_dirs(data_dir, tokenizer_dir)
     train_cfg = cfg.teacher.pretrain
     device = prepare_run(train_cfg, cfg.seed)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
@@ -89,7 +92,7 @@ def run_pretrain(cfg: PipelineConfig, data_dir: Path, tokenizer_dir: Path, out_d
         "n_heldout_masked_tokens": accuracy["n_masked_tokens"],
         "n_parameters": model.num_parameters(),
     }
-    with atomic_output_dir(out_dir) as tmp:
+    with atomic_output_dir(out_dir, cfg) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         shutil.copy(work_dir / "train_log.jsonl", tmp / "train_log.jsonl")
@@ -102,6 +105,7 @@ def run_finetune(
     cfg: PipelineConfig, data_dir: Path, tokenizer_dir: Path, pretrained_dir: Path | None, out_dir: Path, work_dir: Path
 ) -> dict:
     """Fine-tune BertForQuestionAnswering on SQuAD (or only evaluate `teacher.pretrained_qa`)."""
+    verify_input_dirs(data_dir, tokenizer_dir, pretrained_dir)
     train_cfg = cfg.teacher.finetune
     device = prepare_run(train_cfg, cfg.seed)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
@@ -140,7 +144,7 @@ def run_finetune(
 
     dev_metrics, predictions = qa.evaluate_qa(model, tokenizer, dev, cfg.squad, device)
     metrics = {**dev_metrics, **training_metrics, "n_parameters": model.num_parameters()}
-    with atomic_output_dir(out_dir) as tmp:
+    with atomic_output_dir(out_dir, cfg) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         atomic_write_json(tmp / "predictions.json", predictions)

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
-from pipeline.artifacts import atomic_output_dir, atomic_write_json, setup_logging
+from pipeline.artifacts import atomic_output_dir, atomic_write_json, setup_logging, verify_input_dirs
 from pipeline.config import PipelineConfig, config_from_json
 from pipeline.mlm import read_corpus_lines, tokenize_corpus
 
@@ -36,6 +36,7 @@ def load_token_counts(path: Path, vocab_size: int) -> torch.Tensor:
 
 
 def run(cfg: PipelineConfig, data_dir: Path, tokenizer_dir: Path, out_dir: Path) -> dict:
+    verify_input_dirs(data_dir, tokenizer_dir)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     sequences = tokenize_corpus(
         read_corpus_lines(data_dir / "corpus_train.txt"), tokenizer, cfg.distill_pretrain.max_seq_length
@@ -46,7 +47,7 @@ def run(cfg: PipelineConfig, data_dir: Path, tokenizer_dir: Path, out_dir: Path)
         "n_tokens": int(counts.sum()),
         "n_ids_seen": int((counts > 0).sum()),
     }
-    with atomic_output_dir(out_dir) as tmp:
+    with atomic_output_dir(out_dir, cfg) as tmp:
         (tmp / "token_counts.json").write_text(json.dumps({"counts": counts.tolist()}))
         atomic_write_json(tmp / "metrics.json", metrics)
     logger.info("token_counts: %s", metrics)

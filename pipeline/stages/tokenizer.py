@@ -16,7 +16,7 @@ from typing import Iterable
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, BertTokenizerFast, PreTrainedTokenizerFast
 
-from pipeline.artifacts import atomic_output_dir, atomic_write_json, setup_logging
+from pipeline.artifacts import atomic_output_dir, atomic_write_json, setup_logging, verify_input_dirs
 from pipeline.config import PipelineConfig, TokenizerConfig, config_from_json
 from pipeline.mlm import read_corpus_lines
 
@@ -80,7 +80,8 @@ def training_texts(data_dir: Path) -> list[str]:
 
 
 def run(cfg: PipelineConfig, data_dir: Path, out_dir: Path) -> dict:
-    with atomic_output_dir(out_dir) as tmp:
+    verify_input_dirs(data_dir)
+    with atomic_output_dir(out_dir, cfg) as tmp:
         if cfg.tokenizer.pretrained:
             tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer.pretrained)
             source = cfg.tokenizer.pretrained
