@@ -10,6 +10,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import random
+
 import pytest
 from tokenizers import Tokenizer
 
@@ -44,6 +46,19 @@ HARD_EXAMPLES = [
     ("long", "Where did the river flow?",
      " ".join(f"Sentence {i} says the river flowed past tówn {i} (東{i})." for i in range(80))),
 ]
+
+
+# Pieces for random strings: the same kinds of characters, plus whole words and special-token look-alikes.
+FUZZ_PIECES = list("abcXYZ éÉüÜßİıǅﬁñÑçÇΣ") + [
+    "\u0301", "\u0308", "\u3000", "\u00a0", "\t", "\n", "\r", "\x00", "\x07", "\ufeff", "\u200b", "\ufffd", "東", "京",
+    "は", "한", "국", "\U00020001", "😀", "👍🏽", "—", "…", "«", "$", "+", "^", "`", "|", "~", ".", ",", "(", "'", '"', "[SEP]",
+    "[MASK]", "[CLS", "ǈ", "Ⅻ", "①", "ｱ", "Ａ", "\u2028", "\x85", "a" * 120, "river", "Köln", "São", "1901", "14,000",
+]
+
+
+def fuzz_texts(n: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    return ["".join(rng.choice(FUZZ_PIECES) for _ in range(rng.randint(1, 25))) for _ in range(n)]
 
 
 def load_script(name: str):
@@ -110,7 +125,7 @@ def test_javascript_unit_tests_pass():
 def test_token_ids_and_offsets_equal_python_tokenizers_on_dev_and_hard_texts(tiny):
     questions = dev_questions(tiny["data"]) + hard_questions()
     texts = sorted({q["context"] for q in questions} | {q["question"] for q in questions})
-    assert_same_tokens(tiny["bundle"] / "tokenizer.json", texts)
+    assert_same_tokens(tiny["bundle"] / "tokenizer.json", texts + fuzz_texts(500))
 
 
 def test_windows_and_answers_equal_the_python_reference_on_node_and_web(tiny, tmp_path):

@@ -186,6 +186,10 @@ export class QuestionAnswerer {
 
   /** Question id -> candidate answers, best first: {text, start, end, score, startLogit, endLogit}. */
   async nBest(examples) {
+    return (await this.nBestWithWindows(examples)).answers;
+  }
+
+  async nBestWithWindows(examples) {
     checkExamples(examples);
     const windows = this.windows(examples);
     const logits = await this.windowLogits(windows);
@@ -199,7 +203,7 @@ export class QuestionAnswerer {
         example.context, windowsOfExample.get(example.id), this.nBestSize, this.maxAnswerLength,
       );
     }
-    return answers;
+    return { answers, windows };
   }
 
   /** Question id -> answer text ("" when no window holds a valid span). */
@@ -215,11 +219,13 @@ export class QuestionAnswerer {
    * (codePointSlice(context, start, end) === answer).
    */
   async answer(question, context, nBest = 5) {
-    const example = { id: "q", question, context };
-    const windows = this.windows([example]).length;
-    const candidates = (await this.nBest([example])).q;
+    const { answers, windows } = await this.nBestWithWindows([{ id: "q", question, context }]);
+    const candidates = answers.q;
     const best = candidates[0] ?? { text: "", start: 0, end: 0, score: null };
-    return { answer: best.text, start: best.start, end: best.end, score: best.score, nBest: candidates.slice(0, nBest), windows };
+    return {
+      answer: best.text, start: best.start, end: best.end, score: best.score, nBest: candidates.slice(0, nBest),
+      windows: windows.length,
+    };
   }
 }
 
