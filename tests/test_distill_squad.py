@@ -163,8 +163,13 @@ def test_kd_term_is_invariant_to_teacher_logits_outside_cls_and_context(artifact
     batch = qa.window_collate(windows)(list(range(len(windows["input_ids"]))))
     kd = loss(batch)["kd"]
 
-    outside = ~distill_squad.kd_positions(batch, tokenizer.sep_token_id)  # question, [SEP]s, padding
-    assert outside.any() and (batch["attention_mask"] == 0).any()
+    # Question tokens, both [SEP]s and padding, found from the tokens themselves (not from kd_positions).
+    outside = torch.zeros_like(batch["attention_mask"], dtype=torch.bool)
+    for row, input_ids in enumerate(batch["input_ids"].tolist()):
+        first_sep, last_sep = [k for k, token in enumerate(input_ids) if token == tokenizer.sep_token_id]
+        outside[row, 1 : first_sep + 1] = True
+        outside[row, last_sep:] = True
+    assert (outside & (batch["attention_mask"] == 0)).any() and (outside & (batch["attention_mask"] == 1)).any()
     for name in ("teacher_start_logits", "teacher_end_logits"):
         changed = dict(batch)
         changed[name] = batch[name] + outside * torch.randn(batch[name].shape, generator=generator) * 50

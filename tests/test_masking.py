@@ -45,6 +45,22 @@ def test_count_is_the_rounded_fraction_of_maskable_tokens_and_specials_are_never
     assert int((labels != -100).sum()) == 1  # at least one prediction per batch
 
 
+def test_a_seeded_generator_alone_decides_the_masks():
+    # Held-out accuracy scores student and teacher on the same masks from a seeded generator: the selection, the
+    # 80/10/10 actions and the random tokens must all come from it, never from the global RNG.
+    input_ids, special = batch_of([[2, *range(10, 60), 3], [2, *range(60, 110), 3]])
+    weights = selection_weights_from_counts(torch.arange(200), SPECIAL_IDS)
+    draws = []
+    for global_seed in (0, 1):
+        torch.manual_seed(global_seed)
+        generator = torch.Generator().manual_seed(7)
+        draws.append(mask_tokens(input_ids, special, MASK_ID, VOCAB_SIZE, 0.5, weights, generator=generator))
+    assert torch.equal(draws[0][0], draws[1][0]) and torch.equal(draws[0][1], draws[1][1])
+    selected = draws[0][1] != -100
+    masked = draws[0][0][selected]
+    assert (masked == MASK_ID).any() and ((masked != MASK_ID) & (masked != input_ids[selected])).any()
+
+
 def test_an_all_special_batch_masks_nothing():
     input_ids, special = batch_of([[2, 3, 0, 0]])
     masked, labels = mask_tokens(input_ids, special, MASK_ID, VOCAB_SIZE, 0.5)
