@@ -487,9 +487,37 @@ rule benchmark:
         " --out-dir {output:q} > {log:q} 2>&1"
 
 
+rule benchmark_web:
+    input:
+        bundle=rules.bundle.output[0],
+        after_benchmark=rules.benchmark.output[0],  # never timed beside it; it names the searched int8 graph
+        client=str(Path(workflow.basedir) / "clients" / "web" / "package-lock.json"),
+        code=code("stages/benchmark_web", "latency"),
+    output:
+        f"{ROOT}/benchmark_web/benchmark_web.json",
+    params:
+        python=PYTHON,
+        cfg=stage_config("benchmark"),
+        root=ROOT,
+    log:
+        f"{ROOT}/logs/benchmark_web.log",
+    benchmark:
+        f"{ROOT}/benchmarks/benchmark_web.tsv"
+    threads: workflow.cores
+    resources:
+        **LIGHT_RESOURCES,
+    shell:
+        "{params.python:q} -m pipeline benchmark-web --config-json {params.cfg:q} --root {params.root:q}"
+        " --out {output:q} > {log:q} 2>&1"
+
+
+WEB_BENCHMARK = rules.benchmark_web.output[0] if CFG.benchmark.javascript else []
+
+
 rule report:
     input:
         benchmark=rules.benchmark.output[0],
+        web=WEB_BENCHMARK,
         schema=str(Path(workflow.basedir) / "configs" / "summary.schema.json"),
         code=code("stages/report"),
     output:
@@ -504,6 +532,7 @@ rule report:
         cfg=stage_config("squad", "export", "benchmark"),
         root=ROOT,
         out_dir=f"{ROOT}/report",
+        web=lambda wildcards, input: f"--web-benchmark {shlex.quote(str(input.web))}" if input.web else "",
     log:
         f"{ROOT}/logs/report.log",
     benchmark:
@@ -513,4 +542,4 @@ rule report:
         **LIGHT_RESOURCES,
     shell:
         "{params.python:q} -m pipeline report --config-json {params.cfg:q} --root {params.root:q}"
-        " --benchmark {input.benchmark:q}/benchmark.json --out-dir {params.out_dir:q} > {log:q} 2>&1"
+        " --benchmark {input.benchmark:q}/benchmark.json {params.web} --out-dir {params.out_dir:q} > {log:q} 2>&1"

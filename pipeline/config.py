@@ -333,6 +333,24 @@ class QuantizeConfig:
         "Store the word embeddings in 4 bits too (GatherBlockQuantized). Off by default: on the offline default's "
         "64-wide model it cut dev answer agreement with PyTorch to 96.5 %, under the 97 % gate.",
     )
+    search_graphs: list[Literal["plain", "fused", "fused-no-attention"]] = option(
+        ["plain", "fused", "fused-no-attention"],
+        "Graphs the int8 search quantizes: plain (the export), fused (onnxruntime's BERT fusions, int8 attention "
+        "as QAttention), fused-no-attention (LayerNorm, GELU and embedding fusions, attention left as MatMuls).",
+    )
+    search_formats: list[Literal["qoperator", "qdq"]] = option(
+        ["qoperator", "qdq"],
+        "qoperator: dynamic quantization (activation scales computed per run); qdq: static QuantizeLinear/"
+        "DequantizeLinear pairs with activation scales calibrated on training windows (not on the fused graph).",
+    )
+    search_per_channel: list[bool] = option([False, True], "Weight scale granularities searched (false: per tensor).")
+    search_attention_int8: list[bool] = option(
+        [False, True],
+        "Whether the activation x activation MatMuls of attention (Q.K^T, probabilities.V) are int8 too "
+        "(MatMulConstBOnly off); not for the fused graph, whose QAttention has its own int8 path.",
+    )
+    calibration_windows: int = option(16, "Training windows that calibrate the static (qdq) activation scales.",
+                                      minimum=1)
     latency_runs: int = option(
         20, "Timed runs per int8 variant (after warm-up) when choosing the bundle's fastest passing one.", minimum=5
     )
@@ -450,6 +468,18 @@ class BenchmarkConfig:
     warmup: int = option(3, "Untimed runs first (allocations, kernel selection).", minimum=0)
     profile_runs: int = option(5, "Runs under onnxruntime's profiler for the per-op breakdown of the int8 graphs.",
                                minimum=1)
+    search_runs: int = option(
+        10, "Timed runs per candidate when the full-size DistilBERT int8 variants are searched (longest length, "
+        "1 thread, round-robin).", minimum=3)
+    session_options: list[Literal["default", "denormals-as-zero", "extended-graph-level"]] = option(
+        ["default", "denormals-as-zero"],
+        "onnxruntime session option sets tried on the two fastest int8 candidates (pipeline.latency.SESSION_OPTIONS).",
+    )
+    javascript: bool = option(
+        True, "Also time the bundle's model in onnxruntime-web (WASM) and onnxruntime-node (rule benchmark_web); "
+        "needs Node.js 20 and `npm ci` in clients/web, which setup.sh runs where npm exists.")
+    javascript_reference: bool = option(
+        False, "Also time the full-size DistilBERT int8-optimized graph in JavaScript (about a minute more on 2 cores).")
     timed_references: list[str] = option(
         ["bert-base/pytorch-fp32", "bert-base/onnx-int8-optimized", "distilbert/pytorch-fp32", "distilbert/onnx-fp32",
          "distilbert/onnx-int8", "distilbert/onnx-int8-optimized"],

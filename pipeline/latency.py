@@ -28,11 +28,26 @@ def cpu_description() -> dict:
     return {"model_name": model, "simd_flags": sorted(interesting)}
 
 
-def onnx_session(path: str | Path, threads: int) -> onnxruntime.InferenceSession:
+# Session option sets the int8 search tries beside onnxruntime's defaults (benchmark.session_options).
+# denormals-as-zero: fp32 ops that meet denormal values (tiny activations between int8 GEMMs) can slow down by
+# orders of magnitude on x86; extended-graph-level: the fusions up to "extended" only, no layout transforms.
+SESSION_OPTIONS = {
+    "default": {},
+    "denormals-as-zero": {"config": {"session.set_denormal_as_zero": "1"}},
+    "extended-graph-level": {"graph_optimization_level": "ORT_ENABLE_EXTENDED"},
+}
+
+
+def onnx_session(path: str | Path, threads: int, option_set: str = "default") -> onnxruntime.InferenceSession:
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
+    chosen = SESSION_OPTIONS[option_set]
+    for key, value in chosen.get("config", {}).items():
+        options.add_session_config_entry(key, value)
+    if "graph_optimization_level" in chosen:
+        options.graph_optimization_level = getattr(onnxruntime.GraphOptimizationLevel, chosen["graph_optimization_level"])
     return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
@@ -52,10 +67,13 @@ def synthetic_feed(session: onnxruntime.InferenceSession, sequence_length: int, 
 
 
 def compare_latency(
-    paths: dict[str, str | Path], sequence_length: int, vocab_size: int, threads: int = 1, runs: int = 20, warmup: int = 3
+    paths: dict[str, str | Path], sequence_length: int, vocab_size: int, threads: int = 1, runs: int = 20,
+    warmup: int = 3, option_sets: dict[str, str] | None = None,
 ) -> dict[str, dict[str, float]]:
-    """p50/p90 in ms per graph; runs are interleaved round-robin so drift in machine speed hits every graph alike."""
-    sessions = {name: onnx_session(path, threads) for name, path in paths.items()}
+    """p50/p90 in ms per graph; runs are interleaved round-robin so drift in machine speed hits every graph alike.
+    option_sets maps a name to its SESSION_OPTIONS set (default: "default")."""
+    option_sets = option_sets or {}
+    sessions = {name: onnx_session(path, threads, option_sets.get(name, "default")) for name, path in paths.items()}
     feeds = {name: synthetic_feed(session, sequence_length, vocab_size) for name, session in sessions.items()}
     for name, session in sessions.items():
         for _ in range(warmup):

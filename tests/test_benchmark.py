@@ -19,8 +19,8 @@ def tiny_int8(tmp_path_factory):
                                                             hidden_dim=64, max_position_embeddings=128))
     model.save_pretrained(root / "pytorch")
     export_onnx.export_fp32(root / "pytorch", root / "fp32", None)
-    settings = {"per_channel": False, "reduce_range": False}
-    quantize.quantize_int8(root / "fp32" / "model.onnx", root / "int8.onnx", settings, fused=False)
+    naive = quantize.Int8Recipe("plain", "qoperator", per_channel=False, attention_int8=False)
+    quantize.quantize_int8(root / "fp32" / "model.onnx", root / "int8.onnx", naive, reduce_range=False)
     return root
 
 
@@ -69,3 +69,52 @@ def test_the_summary_schema_refuses_a_wrong_shape():
     schema = json.loads((PROJECT_ROOT / "configs" / "summary.schema.json").read_text())
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"target_size_mb": 207}, schema)
+
+
+def test_session_option_sets_change_speed_settings_not_answers(tiny_int8):
+    import numpy as np
+
+    from pipeline.latency import SESSION_OPTIONS, onnx_session, synthetic_feed
+
+    outputs = {}
+    for option_set in SESSION_OPTIONS:
+        session = onnx_session(tiny_int8 / "int8.onnx", 1, option_set)
+        outputs[option_set] = session.run(None, synthetic_feed(session, 32, 200))
+    for start, end in outputs.values():
+        assert np.allclose(start, outputs["default"][0], atol=1e-5) and np.allclose(end, outputs["default"][1], atol=1e-5)
+
+
+def test_the_int8_search_times_only_recipes_that_passed_on_every_model(tiny_int8, tmp_path):
+    """A recipe that failed its gates on any trained model is never a candidate; the choice is the fastest
+    (recipe, session options) pair of the second round, and the runner-up is another recipe."""
+    import shutil
+
+    from pipeline.artifacts import EXPORTED_MODELS
+    from tests.stage_fixtures import tiny_config
+
+    recipes = {"int8": quantize.Int8Recipe("plain", "qoperator", False, False),
+               "int8-plain-qoperator-tensor-att8": quantize.Int8Recipe("plain", "qoperator", False, True),
+               "int8-plain-qoperator-channel-attfp32": quantize.Int8Recipe("plain", "qoperator", True, False)}
+    folder = tmp_path / "reference" / "distilbert"
+    shutil.copytree(tiny_int8 / "pytorch", folder / "pytorch")
+    for name, recipe in recipes.items():
+        (folder / "onnx" / name).mkdir(parents=True)
+        quantize.quantize_int8(tiny_int8 / "fp32" / "model.onnx", folder / "onnx" / name / "model.onnx", recipe, False)
+    (folder / "reference.json").write_text(json.dumps({"int8_recipes": {n: r.__dict__ for n, r in recipes.items()}}))
+    for model in EXPORTED_MODELS:
+        passed = {"int8": True, "int8-plain-qoperator-tensor-att8": True,
+                  "int8-plain-qoperator-channel-attfp32": model != "teacher"}
+        (tmp_path / "quantized" / model).mkdir(parents=True)
+        (tmp_path / "quantized" / model / "quantize.json").write_text(
+            json.dumps({"variants": {name: {"passed": ok} for name, ok in passed.items()}}))
+    cfg = tiny_config(benchmark={"sequence_lengths": [32], "search_runs": 3, "warmup": 1,
+                                 "session_options": ["default", "denormals-as-zero"]})
+    search = benchmark.search_int8(tmp_path, cfg)
+    assert set(search["candidates"]) == {"int8", "int8-plain-qoperator-tensor-att8"}
+    assert search["rejected_by_gates"] == {"int8-plain-qoperator-channel-attfp32": {
+        "student": True, "student_ce_only": True, "teacher": False}}
+    assert len(search["session_options"]) == 4  # two finalists x two option sets
+    fastest = min(search["session_options"].values(), key=lambda e: e["latency_ms"]["p50"])
+    assert (search["choice"]["recipe"], search["choice"]["session_options"]) == (fastest["recipe"],
+                                                                               fastest["session_options"])
+    assert search["runner_up"]["recipe"] != search["choice"]["recipe"]

@@ -99,19 +99,63 @@ def test_int8_variants_store_8_bit_weights_including_the_word_embeddings(built):
     from onnx import numpy_helper
 
     report = json.loads((built["quantized"] / "quantize.json").read_text())
-    assert set(report["variants"]) == {"int8", "int8-optimized", "int4"}
+    recipes = quantize.int8_recipes(built["cfg"].export.quantize, report["settings"])
+    assert set(report["variants"]) == {*recipes, "int4"}
     naive = onnx.load(str(built["quantized"] / "int8" / "model.onnx"))
     initializers = {i.name: i for i in naive.graph.initializer}
     gathers = [n for n in naive.graph.node if n.op_type == "Gather" and n.input[0] in initializers]
     word_embeddings = max(gathers, key=lambda n: numpy_helper.to_array(initializers[n.input[0]]).size)
     # 8 bits: onnxruntime stores a quantized Gather table in its activation type (uint8 with a zero point).
     assert initializers[word_embeddings.input[0]].data_type in (onnx.TensorProto.INT8, onnx.TensorProto.UINT8)
-    assert report["variants"]["int8-optimized"]["ops"].get("QAttention") == 2
     assert report["variants"]["int4"]["ops"].get("MatMulNBits", 0) > 0
     fp32_mb = json.loads((built["onnx_student"] / "export.json").read_text())["fp32"]["size_mb"]
     assert report["variants"]["int8"]["size_mb"] < 0.6 * fp32_mb  # graph overhead weighs more in a tiny model
-    assert report["bundle_choice"] in ("int8", "int8-optimized")
+    assert report["bundle_choice"] in recipes
     assert set(report["variants"]["int8"]["latency_ms"]) == {"p50", "p90", "runs"}
+
+
+def test_each_int8_recipe_builds_the_graph_it_names(built):
+    """Per recipe: the fused graph runs QAttention; qdq stores Quantize/DequantizeLinear pairs; att8 quantizes the
+    two attention products of every layer too; per-channel weight scales have one entry per output column."""
+    import onnx
+    from onnx import numpy_helper
+
+    report = json.loads((built["quantized"] / "quantize.json").read_text())
+    n_layers = 2
+    ops = {name: v["ops"] for name, v in report["variants"].items()}
+    assert ops["int8-fused-qoperator-channel-attfp32"].get("QAttention") == n_layers
+    assert ops["int8-noattn-qoperator-channel-attfp32"].get("QAttention", 0) == 0
+    assert ops["int8-noattn-qoperator-channel-attfp32"].get("SkipLayerNormalization") == 2 * n_layers
+    for graph in ("plain", "noattn"):
+        fp32_attention = ops[f"int8-{graph}-qoperator-channel-attfp32"].get("MatMulInteger", 0)
+        assert ops[f"int8-{graph}-qoperator-channel-att8"].get("MatMulInteger", 0) == fp32_attention + 2 * n_layers
+        qdq = ops[f"int8-{graph}-qdq-channel-attfp32"]
+        assert qdq.get("QuantizeLinear", 0) > 0 and qdq.get("DequantizeLinear", 0) > 0
+        assert qdq.get("MatMulInteger", 0) == 0 and qdq.get("DynamicQuantizeLinear", 0) == 0
+        # att8 puts a Quantize/Dequantize pair on both inputs of each layer's two attention products
+        assert ops[f"int8-{graph}-qdq-channel-att8"]["QuantizeLinear"] > qdq["QuantizeLinear"]
+
+    def vector_scales(variant):
+        model = onnx.load(str(built["quantized"] / variant / "model.onnx"))
+        return [i.name for i in model.graph.initializer
+                if i.name.endswith("_scale") and numpy_helper.to_array(i).size > 1]
+
+    assert vector_scales("int8-plain-qoperator-channel-attfp32")
+    assert not vector_scales("int8")  # the naive baseline: per-tensor scales on this x86 target
+
+
+def test_the_int8_search_grid_skips_invalid_combinations_and_the_naive_duplicate():
+    cfg = tiny_config().export.quantize
+    cfg.search_per_channel = [False, True]
+    settings = {"per_channel": False, "reduce_range": False}
+    recipes = quantize.int8_recipes(cfg, settings)
+    assert list(recipes)[0] == quantize.NAIVE
+    assert recipes[quantize.NAIVE] == quantize.Int8Recipe("plain", "qoperator", False, False)
+    assert "int8-plain-qoperator-tensor-attfp32" not in recipes  # the naive baseline under another name
+    assert not any(r.graph == "fused" and (r.format == "qdq" or r.attention_int8) for r in recipes.values())
+    # plain and noattn: 2 formats x 2 scales x 2 attention settings; fused: 2 scales; minus the naive duplicate
+    assert len(recipes) == 1 + 8 + 8 + 2 - 1
+    assert all(name == quantize.NAIVE or name == recipe.name for name, recipe in recipes.items())
 
 
 @pytest.mark.parametrize(
@@ -226,10 +270,11 @@ def test_reference_stage_runs_the_whole_path_on_a_small_stand_in(built, tmp_path
     cfg = tiny_config(export={"reference": {"coreml_sequence_lengths": [32, 64]}})
     report = reference.run(cfg, "distilbert", tmp_path / "reference")
     assert report["fused_ops"]["Attention"] == 2
-    assert set(report["onnx_size_mb"]) == {"fp32", "optimized", "int8", "int8-optimized", "int4"}
+    assert set(report["onnx_size_mb"]) == {"fp32", "optimized", *report["int8_recipes"], "int4"}
+    assert len(report["int8_recipes"]) == len(quantize.int8_recipes(cfg.export.quantize, report["quantization"]))
     assert report["coreml"]["4bit"]["compressed_weight_ops"]["constexpr_lut_to_dense"] == 2 * 6 + 1 + 2
-    assert report["goals"]["int8_onnx_mb"]["value"] == min(report["onnx_size_mb"]["int8"],
-                                                            report["onnx_size_mb"]["int8-optimized"])
+    assert report["goals"]["int8_onnx_mb"]["value"] == min(report["onnx_size_mb"][name]
+                                                            for name in report["int8_recipes"])
 
 
 # ------------------------------------------------------------------------------------------------ bundle

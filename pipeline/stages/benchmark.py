@@ -8,6 +8,11 @@ the bundle's .ort, CoreML packages) and the full-size reference architectures (e
 - latency: batch 1, every configured length and thread count, p50 and p90 over `runs` timed runs after
   `warmup`; onnxruntime sessions and torch pinned to the thread count, one process per artifact whose peak
   resident memory is recorded. CoreML cannot run on Linux: its latency is null, with the reason.
+- int8 search: every int8 recipe of the full-size DistilBERT (export_reference) that passed its accuracy gates
+  on every trained model (quantize_onnx) is timed at the longest length with 1 thread, round-robin; the two
+  fastest are timed again under each configured onnxruntime session option set, and the fastest pair is
+  "distilbert/onnx-int8-optimized" (its runner-up and every timing recorded). bert-base's int8 graph is built
+  here with the same recipe, so "bert-base/onnx-int8-optimized" is the same path applied to BERT-base.
 - GEMM floor: an ONNX graph of just the full-size DistilBERT int8 graph's MatMulInteger nodes (same weights and
   shapes), timed like the model at the longest length with 1 thread: model latency / floor says how close the
   model runs to this machine's int8 matrix-multiply speed.
@@ -21,6 +26,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -31,7 +37,8 @@ import numpy as np
 
 from pipeline.artifacts import EXPORTED_MODELS, atomic_output_dir, atomic_write_json, directory_size_bytes, megabytes, read_json, setup_logging
 from pipeline.config import BenchmarkConfig, PipelineConfig, config_from_json
-from pipeline.latency import cpu_description, onnx_session, synthetic_feed
+from pipeline.gates import GateError
+from pipeline.latency import compare_latency, cpu_description, onnx_session, synthetic_feed
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +110,8 @@ def reference_artifacts(root: Path, architectures: list[str], timed: list[str]) 
                               timed=name in timed, untimed_reason=None if name in timed else NOT_TIMED_REFERENCE,
                               **shape))
         for variant in report["onnx_size_mb"]:
+            if variant.startswith("int8-"):
+                continue  # the search variants: int8_search below times them, and adds the winner
             precision = "fp32-optimized" if variant == "optimized" else variant
             name = f"{architecture}/onnx-{'fp32-optimized' if variant == 'optimized' else variant}"
             items.append(artifact(name, architecture, "onnx", precision, folder / "onnx" / variant / "model.onnx",
@@ -133,8 +142,9 @@ def timed(run_once, cfg: BenchmarkConfig) -> dict:
     return percentiles(times)
 
 
-def time_onnx(path: str, sequence_length: int, threads: int, vocab_size: int, cfg: BenchmarkConfig) -> dict:
-    session = onnx_session(path, threads)
+def time_onnx(path: str, sequence_length: int, threads: int, vocab_size: int, cfg: BenchmarkConfig,
+              option_set: str = "default") -> dict:
+    session = onnx_session(path, threads, option_set)
     feed = synthetic_feed(session, sequence_length, vocab_size)
     return timed(lambda: session.run(None, feed), cfg)
 
@@ -158,6 +168,7 @@ def measure_in_this_process(item: dict, cfg: BenchmarkConfig) -> dict:
 
         model = AutoModelForQuestionAnswering.from_pretrained(Path(item["path"]).parent).eval()
     latency: dict = {}
+    option_set = item.get("session_options") or "default"
     for length in cfg.sequence_lengths:
         key = f"seq{length}"
         if length > item["max_positions"]:
@@ -168,7 +179,8 @@ def measure_in_this_process(item: dict, cfg: BenchmarkConfig) -> dict:
             if model is not None:
                 latency[key][f"threads{threads}"] = time_pytorch(model, length, threads, item["vocab_size"], cfg)
             else:
-                latency[key][f"threads{threads}"] = time_onnx(item["path"], length, threads, item["vocab_size"], cfg)
+                latency[key][f"threads{threads}"] = time_onnx(item["path"], length, threads, item["vocab_size"], cfg,
+                                                              option_set)
     return latency
 
 
@@ -262,6 +274,99 @@ def profile_ops(path: Path, sequence_length: int, vocab_size: int, runs: int, sc
             for op, us in ranked[:10]]
 
 
+# ------------------------------------------------------------------------------------------------ int8 search
+
+
+def recipes_passing_everywhere(root: Path) -> tuple[list[str], dict]:
+    """int8 recipe names that passed their accuracy gates on every trained model, and each model's verdicts."""
+    verdicts = {}
+    for model in EXPORTED_MODELS:
+        variants = read_json(root / "quantized" / model / "quantize.json")["variants"]
+        verdicts[model] = {name: bool(report["passed"]) for name, report in variants.items() if name.startswith("int8")}
+    names = sorted(set.intersection(*(set(name for name, ok in v.items() if ok) for v in verdicts.values())))
+    return names, verdicts
+
+
+def search_int8(root: Path, cfg: PipelineConfig) -> dict:
+    """The fastest gate-passing int8 recipe of the full-size DistilBERT, with its session options and runner-up."""
+    bcfg = cfg.benchmark
+    folder = root / "reference" / "distilbert"
+    reference = read_json(folder / "reference.json")
+    _, vocab_size = model_shape(folder / "pytorch" / "config.json")
+    passing, verdicts = recipes_passing_everywhere(root)
+    candidates = [name for name in reference["int8_recipes"] if name in passing]
+    if not candidates:
+        raise GateError(f"{root}/quantized/*/quantize.json: no int8 recipe passed its gates on every trained model "
+                        f"({verdicts})")
+    length = max(bcfg.sequence_lengths)
+    paths = {name: folder / "onnx" / name / "model.onnx" for name in candidates}
+    first = compare_latency(paths, length, vocab_size, threads=1, runs=bcfg.search_runs, warmup=bcfg.warmup)
+    finalists = sorted(candidates, key=lambda name: first[name]["p50"])[:2]
+    pairs = {f"{name}|{options}": (name, options) for name in finalists for options in bcfg.session_options}
+    second = compare_latency({key: paths[name] for key, (name, _) in pairs.items()}, length, vocab_size, threads=1,
+                             runs=bcfg.search_runs, warmup=bcfg.warmup,
+                             option_sets={key: options for key, (_, options) in pairs.items()})
+    ranked = sorted(pairs, key=lambda key: second[key]["p50"])
+    best_recipe, best_options = pairs[ranked[0]]
+    runner_up = next((key for key in ranked if pairs[key][0] != best_recipe), ranked[1] if len(ranked) > 1 else None)
+    return {
+        "sequence_length": length, "threads": 1, "runs": bcfg.search_runs,
+        "candidates": {name: {"recipe": reference["int8_recipes"][name], "latency_ms": first[name]}
+                       for name in candidates},
+        "rejected_by_gates": {name: {model: v.get(name) for model, v in verdicts.items()}
+                              for name in reference["int8_recipes"] if name not in passing},
+        "session_options": {key: {"recipe": name, "session_options": options, "latency_ms": second[key]}
+                            for key, (name, options) in pairs.items()},
+        "choice": {"recipe": best_recipe, "session_options": best_options, "latency_ms": second[ranked[0]]},
+        "runner_up": None if runner_up is None else {"recipe": pairs[runner_up][0],
+                                                     "session_options": pairs[runner_up][1],
+                                                     "latency_ms": second[runner_up]},
+    }
+
+
+def build_bert_base_int8(root: Path, cfg: PipelineConfig, recipe_name: str, reference_recipes: dict,
+                         out_dir: Path) -> Path:
+    """bert-base's int8 graph with the recipe the DistilBERT search chose (the naive one is already built)."""
+    from pipeline.stages import quantize, reference
+
+    onnx_dir = root / "reference" / "bert-base" / "onnx"
+    if recipe_name == quantize.NAIVE:
+        return onnx_dir / quantize.NAIVE / "model.onnx"
+    recipe = quantize.Int8Recipe(**reference_recipes[recipe_name])
+    qcfg = cfg.export.quantize
+    _, vocab_size = model_shape(root / "reference" / "bert-base" / "pytorch" / "config.json")
+    calibration = reference.random_windows(vocab_size, cfg.seed + 1)  # as export_reference calibrates DistilBERT
+    settings = quantize.quantization_settings(qcfg)
+    quantize.build_variants(onnx_dir, out_dir, settings, {recipe_name: recipe}, calibration, len(calibration),
+                            None, False, graphs_dir=out_dir / "graphs")
+    shutil.rmtree(out_dir / "graphs", ignore_errors=True)
+    return out_dir / recipe_name / "model.onnx"
+
+
+def optimized_int8_artifacts(root: Path, cfg: PipelineConfig, search: dict, tmp: Path) -> list[dict]:
+    """"<architecture>/onnx-int8-optimized" for each reference: the search's recipe and session options. A graph
+    built here lies under tmp until the stage's output is committed; its "final_path" is where it ends up."""
+    recipe_name = search["choice"]["recipe"]
+    recipes = read_json(root / "reference" / "distilbert" / "reference.json")["int8_recipes"]
+    items = []
+    for architecture in cfg.export.reference.architectures:
+        folder = root / "reference" / architecture
+        if architecture == "distilbert":
+            path = folder / "onnx" / recipe_name / "model.onnx"
+        else:
+            path = build_bert_base_int8(root, cfg, recipe_name, recipes, tmp / f"{architecture}-int8-optimized")
+        max_positions, vocab_size = model_shape(folder / "pytorch" / "config.json")
+        name = f"{architecture}/onnx-int8-optimized"
+        timed_here = name in cfg.benchmark.timed_references
+        item = artifact(name, architecture, "onnx", "int8-optimized", path, timed=timed_here,
+                        untimed_reason=None if timed_here else NOT_TIMED_REFERENCE, max_positions=max_positions,
+                        vocab_size=vocab_size)
+        item["recipe"] = recipe_name
+        item["session_options"] = search["choice"]["session_options"]
+        items.append(item)
+    return items
+
+
 # ------------------------------------------------------------------------------------------------------ run
 
 
@@ -270,23 +375,33 @@ def run(cfg: PipelineConfig, root: Path, out_dir: Path) -> dict:
     items = trained_artifacts(root) + reference_artifacts(root, cfg.export.reference.architectures,
                                                           bcfg.timed_references)
     longest = max(bcfg.sequence_lengths)
+    with_search = "distilbert" in cfg.export.reference.architectures
     with atomic_output_dir(out_dir, cfg) as tmp:
+        int8_search = None
+        if with_search:
+            logger.info("searching the full-size DistilBERT int8 recipes")
+            int8_search = search_int8(root, cfg)
+            items += optimized_int8_artifacts(root, cfg, int8_search, tmp)
         for item in items:
             if not item["timed"]:
                 item["latency_ms"], item["peak_rss_mb"] = None, None
                 continue
             logger.info("timing %s", item["name"])
             item["latency_ms"], item["peak_rss_mb"] = measure(item, bcfg)
+        for item in items:  # graphs built here end up in out_dir once the output is committed
+            if Path(item["path"]).is_relative_to(tmp):
+                item["path"] = str(out_dir / Path(item["path"]).relative_to(tmp))
         gemm_floor, profiles = None, {}
-        if "distilbert" in cfg.export.reference.architectures:
+        if with_search:
             reference = root / "reference" / "distilbert" / "onnx"
             n_matmuls = gemm_floor_graph(reference / "int8" / "model.onnx", longest, tmp / "gemm_floor.onnx")
             gemm_floor = {"sequence_length": longest, "threads": 1, "n_matmul_integer": n_matmuls,
                           "latency_ms": time_gemm_floor(tmp / "gemm_floor.onnx", longest, bcfg)}
             _, vocab_size = model_shape(root / "reference" / "distilbert" / "pytorch" / "config.json")
-            for variant in ("int8", "int8-optimized"):
-                profiles[f"distilbert/onnx-{variant}"] = profile_ops(reference / variant / "model.onnx", longest,
-                                                                     vocab_size, bcfg.profile_runs, tmp)
+            profiled = {"distilbert/onnx-int8": reference / "int8" / "model.onnx",
+                        "distilbert/onnx-int8-optimized": reference / int8_search["choice"]["recipe"] / "model.onnx"}
+            for name, path in profiled.items():
+                profiles[name] = profile_ops(path, longest, vocab_size, bcfg.profile_runs, tmp)
             for trace in tmp.glob("*.json"):
                 if trace.name != "benchmark.json":
                     trace.unlink()
@@ -295,6 +410,7 @@ def run(cfg: PipelineConfig, root: Path, out_dir: Path) -> dict:
             "settings": {"sequence_lengths": bcfg.sequence_lengths, "threads": bcfg.threads, "runs": bcfg.runs,
                          "warmup": bcfg.warmup, "batch_size": 1},
             "artifacts": items,
+            "int8_search": int8_search,
             "gemm_floor": gemm_floor,
             "profiles": profiles,
         }

@@ -28,7 +28,6 @@ logger = logging.getLogger(__name__)
 CLIENT_DIR = Path(__file__).resolve().parents[2] / "clients" / "web"
 BACKENDS = {"web": "onnx-web", "node": "onnx-node"}  # bench.mjs backend -> summary format
 THREADS = 1  # the browser case: one WebAssembly thread needs no cross-origin isolation
-REFERENCE_VARIANT = "int8-optimized"
 
 
 class WebBenchmarkError(RuntimeError):
@@ -46,8 +45,9 @@ def check_client(client_dir: Path = CLIENT_DIR) -> str:
     return node
 
 
-def models_to_time(root: Path) -> list[dict]:
-    """The bundle's model (the student's chosen int8 graph) and the full-size DistilBERT int8 reference if built."""
+def models_to_time(root: Path, with_reference: bool = True) -> list[dict]:
+    """The bundle's model (the student's chosen int8 graph) and, if asked and searched by rule benchmark, the
+    full-size DistilBERT int8-optimized graph."""
     bundle = root / "bundle"
     for needed in (bundle / "qa_config.json", bundle / "metrics.json", root / EXPORTED_MODELS["student"] / "config.json"):
         if not needed.is_file():
@@ -58,10 +58,12 @@ def models_to_time(root: Path) -> list[dict]:
                "path": bundle / qa_config["onnx"]["model"], "max_positions": student_config["max_position_embeddings"],
                "vocab_size": student_config["vocab_size"]}]
     reference = root / "reference" / "distilbert"
-    if (reference / "onnx" / REFERENCE_VARIANT / "model.onnx").is_file():
+    search = (read_json(root / "benchmark" / "benchmark.json").get("int8_search")
+              if (root / "benchmark" / "benchmark.json").is_file() else None)
+    if with_reference and search:
         config = read_json(reference / "pytorch" / "config.json")
-        models.append({"model": "distilbert", "precision": REFERENCE_VARIANT,
-                       "path": reference / "onnx" / REFERENCE_VARIANT / "model.onnx",
+        models.append({"model": "distilbert", "precision": "int8-optimized",
+                       "path": reference / "onnx" / search["choice"]["recipe"] / "model.onnx",
                        "max_positions": config["max_position_embeddings"], "vocab_size": config["vocab_size"]})
     return models
 
@@ -86,7 +88,7 @@ def run(root: Path, out: Path, cfg: BenchmarkConfig | None = None, client_dir: P
     node = check_client(client_dir)
     versions = {}
     artifacts = []
-    for model in models_to_time(root):
+    for model in models_to_time(root, cfg.javascript_reference):
         for backend, fmt in BACKENDS.items():
             logger.info("timing %s on %s", model["path"], fmt)
             result = time_in_node(node, model, backend, cfg, client_dir)

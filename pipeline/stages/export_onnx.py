@@ -47,15 +47,19 @@ def export_fp32(model_dir: Path, out_dir: Path, opset: int | None) -> None:
             shutil.copy(model_dir / name, out_dir / name)
 
 
-def optimize_graph(fp32_dir: Path, out_dir: Path) -> dict[str, int]:
-    """onnxruntime's transformer fusions with the model's own head count and width; returns fused-op counts."""
+def optimize_graph(fp32_dir: Path, out_dir: Path, fuse_attention: bool = True) -> dict[str, int]:
+    """onnxruntime's transformer fusions with the model's own head count and width; returns fused-op counts.
+    fuse_attention=False keeps attention as plain MatMul/Softmax nodes and fuses the rest (an int8 search graph)."""
+    from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(fp32_dir)
+    options = FusionOptions("bert")
+    options.enable_attention = fuse_attention
     # model_type "bert" covers DistilBERT too: its fusions match both exported graphs.
     optimized = optimize_model(str(fp32_dir / MODEL_FILE), model_type="bert", num_heads=config.num_attention_heads,
-                               hidden_size=config.hidden_size)
+                               hidden_size=config.hidden_size, optimization_options=options)
     out_dir.mkdir(parents=True, exist_ok=True)
     optimized.save_model_to_file(str(out_dir / MODEL_FILE))
     for path in fp32_dir.iterdir():  # config and tokenizer, so the folder loads like the fp32 one

@@ -19,7 +19,7 @@ logger = logging.getLogger(__name__)
 TARGET_SIZE_MB = 207  # DistilBERT on an iPhone 7 Plus (Sanh et al. 2019)
 PAPER_CPU_SPEEDUP = 1.6  # "60 % faster" than BERT-base on CPU (Sanh et al. 2019)
 SUMMARY_FIELDS = ("name", "model", "format", "precision", "path", "size_mb", "exact_match", "f1", "f1_source",
-                  "latency_ms", "untimed_reason", "peak_rss_mb")
+                  "latency_ms", "untimed_reason", "peak_rss_mb", "recipe", "session_options")
 TRAINING_LOGS = {"teacher_pretrain": "teacher_pretrain", "teacher_finetune": "teacher",
                  "distill_pretrain (main)": "distill_pretrain/main",
                  "distill_pretrain (random init)": "distill_pretrain/random_init_ablation",
@@ -40,11 +40,7 @@ def parameter_count(model_dir: Path) -> int:
     return total
 
 
-def fastest_int8(by_name: dict, length: int) -> str:
-    """The faster full-size DistilBERT int8 graph at `length`, 1 thread: what the speed goals are about."""
-    candidates = [name for name in ("distilbert/onnx-int8-optimized", "distilbert/onnx-int8")
-                  if p50(by_name, name, length, 1) is not None]
-    return min(candidates, key=lambda name: p50(by_name, name, length, 1)) if candidates else "distilbert/onnx-int8-optimized"
+OPTIMIZED_INT8 = "distilbert/onnx-int8-optimized"  # the search's fastest gate-passing recipe (rule benchmark)
 
 
 def p50(artifacts: dict, name: str, length: int, threads: int) -> float | None:
@@ -69,19 +65,18 @@ def summary(cfg: PipelineConfig, root: Path, benchmark: dict) -> dict:
         metrics = read_json(root / stage / "metrics.json")
         models[name] = {"params": parameter_count(root / stage), "exact_match": metrics["exact_match"],
                         "f1": metrics["f1"]}
-    best_int8 = fastest_int8(by_name, longest)
     floor = benchmark.get("gemm_floor")
-    model_ms = p50(by_name, best_int8, longest, 1)
+    model_ms = p50(by_name, OPTIMIZED_INT8, longest, 1)
     ratios = {
         f"distilbert_vs_bert_base_pytorch_fp32_speedup_seq{longest}_threads1":
             ratio(p50(by_name, "bert-base/pytorch-fp32", longest, 1), p50(by_name, "distilbert/pytorch-fp32", longest, 1)),
-        f"distilbert_fastest_onnx_int8_vs_bert_base_pytorch_fp32_speedup_seq{longest}_threads1":
+        f"distilbert_onnx_int8_optimized_vs_bert_base_pytorch_fp32_speedup_seq{longest}_threads1":
             ratio(p50(by_name, "bert-base/pytorch-fp32", longest, 1), model_ms),
         f"distilbert_onnx_int8_optimized_vs_naive_int8_speedup_seq{longest}_threads1":
-            ratio(p50(by_name, "distilbert/onnx-int8", longest, 1), p50(by_name, "distilbert/onnx-int8-optimized", longest, 1)),
+            ratio(p50(by_name, "distilbert/onnx-int8", longest, 1), model_ms),
         f"bert_base_onnx_int8_optimized_vs_pytorch_fp32_speedup_seq{longest}_threads1":
             ratio(p50(by_name, "bert-base/pytorch-fp32", longest, 1), p50(by_name, "bert-base/onnx-int8-optimized", longest, 1)),
-        "target_size_vs_distilbert_onnx_int8": ratio(TARGET_SIZE_MB, (by_name.get(best_int8) or {}).get("size_mb")),
+        "target_size_vs_distilbert_onnx_int8": ratio(TARGET_SIZE_MB, (by_name.get(OPTIMIZED_INT8) or {}).get("size_mb")),
         "target_size_vs_distilbert_coreml_4bit": ratio(TARGET_SIZE_MB, (by_name.get("distilbert/coreml-4bit") or {}).get("size_mb")),
         "target_size_vs_student_bundle_onnx": ratio(TARGET_SIZE_MB, (by_name.get("student/ort-int8") or {}).get("size_mb")),
     }
@@ -102,18 +97,20 @@ def summary(cfg: PipelineConfig, root: Path, benchmark: dict) -> dict:
 # --------------------------------------------------------------------------------------------------- goals
 
 
-def goals(summary_data: dict, benchmark: dict, references: dict, longest: int, best_int8: str) -> list[dict]:
+def goals(summary_data: dict, benchmark: dict, references: dict, longest: int) -> list[dict]:
     ratios = summary_data["ratios"]
+    search = benchmark.get("int8_search") or {}
+    chosen = (search.get("choice") or {}).get("recipe", "not searched")
     rows = [
-        {"goal": f"fastest DistilBERT int8 ({best_int8}) vs bert-base/pytorch-fp32, seq {longest}, 1 thread",
+        {"goal": f"distilbert/onnx-int8-optimized ({chosen}) vs bert-base/pytorch-fp32, seq {longest}, 1 thread",
          "target": ">= 8x",
-         "value": ratios[f"distilbert_fastest_onnx_int8_vs_bert_base_pytorch_fp32_speedup_seq{longest}_threads1"],
+         "value": ratios[f"distilbert_onnx_int8_optimized_vs_bert_base_pytorch_fp32_speedup_seq{longest}_threads1"],
          "check": lambda v: v >= 8, "speed": True},
-        {"goal": f"distilbert/onnx-int8-optimized (fused) vs distilbert/onnx-int8 (naive), seq {longest}, 1 thread",
+        {"goal": f"distilbert/onnx-int8-optimized ({chosen}) vs distilbert/onnx-int8 (naive), seq {longest}, 1 thread",
          "target": ">= 1.25x",
          "value": ratios[f"distilbert_onnx_int8_optimized_vs_naive_int8_speedup_seq{longest}_threads1"],
          "check": lambda v: v >= 1.25, "speed": True},
-        {"goal": f"model latency / GEMM floor ({best_int8})", "target": "<= 1.5",
+        {"goal": f"model latency / GEMM floor (distilbert/onnx-int8-optimized)", "target": "<= 1.5",
          "value": (summary_data["gemm_floor"] or {}).get("ratio"), "check": lambda v: v <= 1.5, "speed": True},
         {"goal": "DistilBERT vs BERT-base, PyTorch fp32 (paper: 1.6x on CPU)", "target": ">= 1.6x",
          "value": ratios[f"distilbert_vs_bert_base_pytorch_fp32_speedup_seq{longest}_threads1"],
@@ -274,6 +271,38 @@ def speed_analysis(profiles: dict, floor: dict | None) -> list[str]:
     return lines
 
 
+def search_section(search: dict) -> list[str]:
+    """The int8 search: every candidate's timing, the session options tried, the choice and its runner-up."""
+    choice, runner_up = search["choice"], search["runner_up"]
+    lines = ["## int8 search (full-size DistilBERT)", "",
+             f"Every int8 recipe that passed its accuracy gates on all trained models, timed round-robin at seq "
+             f"{search['sequence_length']}, {search['threads']} thread, {search['runs']} runs each; the two fastest "
+             "again under each session option set.", "",
+             "| recipe | graph | format | weight scales | attention MatMuls | p50 ms | p90 ms |",
+             "|---|---|---|---|---|---|---|"]
+    ranked = sorted(search["candidates"].items(), key=lambda item: item[1]["latency_ms"]["p50"])
+    for name, candidate in ranked:
+        recipe = candidate["recipe"]
+        lines.append(f"| {name} | {recipe['graph']} | {recipe['format']} | "
+                     f"{'per channel' if recipe['per_channel'] else 'per tensor'} | "
+                     f"{'int8' if recipe['attention_int8'] else 'fp32'} | {candidate['latency_ms']['p50']:.1f} | "
+                     f"{candidate['latency_ms']['p90']:.1f} |")
+    lines += ["", "| recipe | session options | p50 ms | p90 ms |", "|---|---|---|---|"]
+    for entry in sorted(search["session_options"].values(), key=lambda e: e["latency_ms"]["p50"]):
+        lines.append(f"| {entry['recipe']} | {entry['session_options']} | {entry['latency_ms']['p50']:.1f} | "
+                     f"{entry['latency_ms']['p90']:.1f} |")
+    lines += ["", f"Chosen: **{choice['recipe']}** with session options '{choice['session_options']}' "
+                  f"(p50 {choice['latency_ms']['p50']:.1f} ms)."]
+    if runner_up:
+        lines.append(f"Runner-up: {runner_up['recipe']} with '{runner_up['session_options']}' "
+                     f"(p50 {runner_up['latency_ms']['p50']:.1f} ms).")
+    if search["rejected_by_gates"]:
+        rejected = "; ".join(f"{name} (failed on {', '.join(m for m, ok in verdicts.items() if ok is False)})"
+                             for name, verdicts in search["rejected_by_gates"].items())
+        lines.append(f"Left out by the accuracy gates: {rejected}.")
+    return lines + [""]
+
+
 def report_markdown(cfg: PipelineConfig, summary_data: dict, benchmark: dict, goal_rows: list[dict]) -> str:
     machine = summary_data["machine"]
     longest = max(cfg.benchmark.sequence_lengths)
@@ -307,8 +336,10 @@ def report_markdown(cfg: PipelineConfig, summary_data: dict, benchmark: dict, go
             floor = summary_data["gemm_floor"]
             lines += ["", f"GEMM floor: the {floor['n_matmul_integer']} int8 MatMuls of full-size DistilBERT alone, "
                           f"seq {floor['sequence_length']}, 1 thread: {floor['latency_ms']:.1f} ms; "
-                          f"the fastest DistilBERT int8 graph / floor = {fmt(floor['ratio'], 2)}."]
+                          f"distilbert/onnx-int8-optimized / floor = {fmt(floor['ratio'], 2)}."]
         lines.append("")
+    if benchmark.get("int8_search"):
+        lines += search_section(benchmark["int8_search"])
     lines += ["## Goals", "", "| goal | target | measured | met |", "|---|---|---|---|"]
     for row in goal_rows:
         met = "n/a" if row["met"] is None else ("yes" if row["met"] else "**no**")
@@ -325,18 +356,29 @@ def report_markdown(cfg: PipelineConfig, summary_data: dict, benchmark: dict, go
     return "\n".join(lines)
 
 
-def run(cfg: PipelineConfig, root: Path, benchmark_path: Path, out_dir: Path) -> dict:
+def with_web_timings(benchmark: dict, web_benchmark_path: Path | None) -> dict:
+    """The benchmark's artifacts plus the JavaScript runtimes' entries (rule benchmark_web), in the same shape;
+    they are timed, not scored, so their accuracy fields are null (the client's answers match onnxruntime's)."""
+    if web_benchmark_path is None:
+        return benchmark
+    web = read_json(web_benchmark_path)
+    extra = [{**{key: None for key in SUMMARY_FIELDS}, **{k: v for k, v in item.items() if k in SUMMARY_FIELDS}}
+             for item in web["artifacts"]]
+    return {**benchmark, "artifacts": benchmark["artifacts"] + extra}
+
+
+def run(cfg: PipelineConfig, root: Path, benchmark_path: Path, out_dir: Path,
+        web_benchmark_path: Path | None = None) -> dict:
     import jsonschema
 
-    benchmark = read_json(benchmark_path)
+    benchmark = with_web_timings(read_json(benchmark_path), web_benchmark_path)
     out_dir.mkdir(parents=True, exist_ok=True)
     summary_data = summary(cfg, root, benchmark)
     schema = read_json(Path(__file__).resolve().parents[2] / "configs" / "summary.schema.json")
     jsonschema.validate(summary_data, schema)  # other tools read this file: never write one off its schema
     references = {a: read_json(root / "reference" / a / "reference.json") for a in cfg.export.reference.architectures}
     longest = max(cfg.benchmark.sequence_lengths)
-    by_name = {item["name"]: item for item in summary_data["reference"]}
-    goal_rows = goals(summary_data, benchmark, references, longest, fastest_int8(by_name, longest))
+    goal_rows = goals(summary_data, benchmark, references, longest)
     plot_accuracy(summary_data, out_dir, min(cfg.benchmark.sequence_lengths))
     plot_losses(root, out_dir)
     atomic_write_text(out_dir / "report.md", report_markdown(cfg, summary_data, benchmark, goal_rows))
@@ -349,8 +391,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config-json", required=True)
     parser.add_argument("--root", required=True, type=Path, help="the pipeline's output root (artifacts/)")
     parser.add_argument("--benchmark", required=True, type=Path, help="benchmark.json of rule benchmark")
+    parser.add_argument("--web-benchmark", type=Path, help="benchmark_web.json of rule benchmark_web (optional)")
     parser.add_argument("--out-dir", required=True, type=Path)
     args = parser.parse_args(argv)
     setup_logging()
-    run(config_from_json(args.config_json), args.root, args.benchmark, args.out_dir)
+    run(config_from_json(args.config_json), args.root, args.benchmark, args.out_dir, args.web_benchmark)
     return 0
