@@ -1,0 +1,92 @@
+"""Stage outputs carry manifest.json; stages refuse inputs that differ from it; the code loads nothing unsafely."""
+
+import json
+import re
+
+import pytest
+
+from pipeline.artifacts import ManifestError, atomic_output_dir, config_sha256, verify_input_dirs, verify_manifest
+from pipeline.config import PipelineConfig
+from tests.conftest import PROJECT_ROOT
+
+
+def test_a_stage_output_folder_gets_a_manifest_of_every_file_with_config_hash_and_versions(tmp_path):
+    cfg = PipelineConfig()
+    with atomic_output_dir(tmp_path / "stage", cfg) as tmp:
+        (tmp / "model.safetensors").write_bytes(b"\x00" * 100)
+        (tmp / "sub").mkdir()
+        (tmp / "sub" / "metrics.json").write_text("{}")
+    manifest = verify_manifest(tmp_path / "stage")
+    assert manifest["files"]["model.safetensors"]["bytes"] == 100
+    assert set(manifest["files"]) == {"model.safetensors", "sub/metrics.json"}
+    assert manifest["config_sha256"] == config_sha256(cfg) and len(manifest["config_sha256"]) == 64
+    assert {"python", "torch", "transformers", "onnxruntime", "snakemake"} <= manifest["library_versions"].keys()
+
+
+def test_a_manifest_the_stage_wrote_itself_is_kept(tmp_path):
+    with atomic_output_dir(tmp_path / "bundle") as tmp:
+        (tmp / "a.txt").write_text("a")
+        (tmp / "manifest.json").write_text(json.dumps({"files": {}, "written_by": "the stage"}))
+    assert json.loads((tmp_path / "bundle" / "manifest.json").read_text())["written_by"] == "the stage"
+
+
+def test_a_failed_stage_leaves_neither_folder_nor_manifest(tmp_path):
+    with pytest.raises(RuntimeError):
+        with atomic_output_dir(tmp_path / "stage") as tmp:
+            (tmp / "half.bin").write_bytes(b"1")
+            raise RuntimeError("killed")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda d: (d / "weights.bin").write_bytes(b"\x01" * 64), r"weights.bin: sha256 differs from the manifest"),
+        (lambda d: (d / "weights.bin").write_bytes(b"\x00" * 10), r"weights.bin: 10 bytes, the manifest says 64"),
+        (lambda d: (d / "weights.bin").unlink(), r"weights.bin: listed in the manifest but missing"),
+        (lambda d: (d / "manifest.json").write_text("{"), r"manifest.json: unreadable manifest"),
+    ],
+    ids=["changed", "truncated", "deleted", "bad-manifest"],
+)
+def test_inputs_that_differ_from_their_manifest_are_refused_by_name(tmp_path, damage, message):
+    with atomic_output_dir(tmp_path / "teacher") as tmp:
+        (tmp / "weights.bin").write_bytes(b"\x00" * 64)
+    verify_input_dirs(tmp_path / "teacher")
+    damage(tmp_path / "teacher")
+    with pytest.raises(ManifestError, match=message):
+        verify_input_dirs("bert-base-uncased", None, tmp_path / "teacher")
+
+
+def test_hub_names_and_folders_from_elsewhere_are_taken_as_they_are(tmp_path):
+    (tmp_path / "downloaded").mkdir()
+    (tmp_path / "downloaded" / "config.json").write_text("{}")
+    verify_input_dirs("bert-base-uncased", tmp_path / "downloaded", None)
+
+
+# --------------------------------------------------------------------------------------- safe loading
+
+
+def source_files():
+    files = sorted((PROJECT_ROOT / "pipeline").rglob("*.py")) + sorted((PROJECT_ROOT / "benchmarks").rglob("*.py"))
+    return files + [PROJECT_ROOT / "Snakefile"]
+
+
+def test_the_code_loads_weights_and_configs_safely_and_never_runs_remote_code():
+    problems = []
+    for path in source_files():
+        text = path.read_text(encoding="utf-8")
+        name = path.relative_to(PROJECT_ROOT)
+        for call in re.finditer(r"torch\.load\((?:[^()]|\([^()]*\))*\)", text):
+            if "weights_only=True" not in call.group(0):
+                problems.append(f"{name}: {call.group(0)} without weights_only=True")
+        for pattern, why in [
+            (r"trust_remote_code\s*=\s*True", "trust_remote_code=True"),
+            (r"\bimport pickle\b|\bpickle\.loads?\(", "pickle"),
+            (r"\byaml\.load\(", "yaml.load (use yaml.safe_load)"),
+            (r"(?<![\w.])eval\(|(?<![\w.])exec\(", "eval/exec"),
+            (r"shell\s*=\s*True|os\.system\(", "a shell built from a string"),
+        ]:
+            if re.search(pattern, text):
+                problems.append(f"{name}: {why}")
+    assert problems == []
+    assert len(source_files()) > 20  # the scan saw the whole package

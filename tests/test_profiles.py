@@ -1,0 +1,125 @@
+"""Snakemake profiles and the paper recipe: the whole DAG plans offline with each profile, launch commands come
+from the config, and a failing job's own error reaches the console."""
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PROJECT_ROOT
+
+pytestmark = pytest.mark.integration
+
+PROFILES = PROJECT_ROOT / "profiles"
+EXPORT_AND_BENCHMARK_RULES = {"export_onnx", "quantize_onnx", "export_coreml", "export_reference", "bundle",
+                              "benchmark", "report"}
+
+
+def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "snakemake", "--snakefile", str(PROJECT_ROOT / "Snakefile"), "--directory",
+               str(workdir), *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=600)
+
+
+def planned_jobs(output: str) -> dict[str, int]:
+    """The `Job stats` table of a dry run: rule -> count."""
+    lines = output[output.index("Job stats:"):].splitlines()[3:]
+    jobs = {}
+    for line in lines:
+        parts = line.split()
+        if len(parts) != 2 or parts[0] == "total":
+            break
+        jobs[parts[0]] = int(parts[1])
+    return jobs
+
+
+@pytest.mark.parametrize("profile", [None, "local", "slurm"])
+def test_the_paper_recipe_plans_the_whole_dag_offline(tmp_path, profile):
+    options = ["--profile", str(PROFILES / profile)] if profile else ["--cores", "8"]
+    completed = snakemake(tmp_path, "-n", *options, "--configfile", str(PROJECT_ROOT / "configs" / "paper.yaml"),
+                          "--config", f"output_root={tmp_path / 'paper'}")
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    jobs = planned_jobs(completed.stdout + completed.stderr)
+    assert EXPORT_AND_BENCHMARK_RULES <= jobs.keys(), jobs
+    # A hub teacher: no teacher_pretrain; both students and every export are planned.
+    assert "teacher_pretrain" not in jobs and jobs["distill_pretrain"] == 2 and jobs["export_onnx"] == 3
+    assert not (tmp_path / "paper").exists()
+
+
+@pytest.mark.parametrize("profile", ["local", "slurm"])
+def test_each_profile_dry_runs_the_test_dag(tmp_path, profile):
+    completed = snakemake(tmp_path, "-n", "--profile", str(PROFILES / profile), "--configfile",
+                          str(PROJECT_ROOT / "configs" / "test.yaml"), "--config", f"output_root={tmp_path / 'out'}")
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    assert {"teacher_pretrain", "distill_squad", "bundle", "report"} <= planned_jobs(completed.stdout).keys()
+
+
+def shell_commands(output: str) -> list[list[str]]:
+    """The shell commands a `-p` dry run prints, split as a POSIX shell splits them."""
+    printed = [line.split("Shell command: ", 1)[1] for line in output.splitlines() if "Shell command: " in line]
+    return [shlex.split(command) for command in printed if command != "None"]  # None: a rule without a shell
+
+
+def test_paths_with_spaces_and_quotes_reach_every_job_as_single_arguments(tmp_path):
+    root = tmp_path / "out dir \"double\" 'single' $HOME `x`"
+    squad = root.parent / "squad files" / "it's train.json"
+    squad.parent.mkdir()
+    squad.write_text(json.dumps({"version": "1.1", "data": []}))
+    config = tmp_path / "config.yaml"
+    config.write_text(f"output_root: {json.dumps(str(root))}\ndata:\n  squad: {json.dumps(str(squad))}\n"
+                      f"  squad_dev: {json.dumps(str(squad))}\n  corpus: squad_contexts\n")
+    completed = snakemake(tmp_path, "-n", "-p", "--cores", "2", "--configfile",
+                          str(PROJECT_ROOT / "configs" / "test.yaml"), str(config))
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    commands = shell_commands(completed.stdout)
+    assert len(commands) >= 15
+    path_options = {"--out-dir", "--data-dir", "--tokenizer-dir", "--pretrained-dir", "--work-dir", "--student-dir",
+                    "--teacher-dir", "--teacher", "--model-dir", "--onnx-dir", "--root", "--token-counts"}
+    seen = set()
+    for words in commands:
+        for option, value in zip(words, words[1:]):
+            if option in path_options:
+                assert value.startswith(str(root)), (option, value)
+                seen.add(option)
+            if option == "--config-json" and "data" in json.loads(value):
+                assert json.loads(value)["data"]["squad"] == str(squad)
+        assert words[-3] == ">" and words[-2].startswith(str(root)) and words[-1] == "2>&1"
+    assert {"--out-dir", "--data-dir", "--pretrained-dir", "--work-dir", "--teacher"} <= seen
+
+
+def test_training_rules_are_launched_from_the_compute_section(tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text(f"output_root: {json.dumps(str(tmp_path / 'out'))}\n"
+                      "compute:\n  processes: 2\n  mixed_precision: fp16\n")
+    completed = snakemake(tmp_path, "-n", "-p", "--cores", "4", "--configfile",
+                          str(PROJECT_ROOT / "configs" / "test.yaml"), str(config))
+    assert completed.returncode == 0, completed.stdout[-3000:]
+    launched = {}
+    for words in shell_commands(completed.stdout):
+        if "torch.distributed.run" in words:
+            stage = words[words.index("pipeline") + 1]
+            launched[stage] = words
+            assert "--nproc_per_node=2" in words and "--standalone" in words
+            assert "ACCELERATE_MIXED_PRECISION=fp16" in words
+            threads = int(next(w for w in words if w.startswith("OMP_NUM_THREADS=")).split("=")[1])
+            assert 1 <= threads <= 2  # the rule's threads (4 cores at most) shared by its 2 processes
+        elif "-m" in words and words[words.index("-m") + 1] == "pipeline":
+            assert words[words.index("pipeline") + 1] not in ("teacher-pretrain", "distill-pretrain")
+    assert {"teacher-pretrain", "teacher-finetune", "distill-pretrain", "distill-squad"} <= launched.keys()
+
+
+def test_a_failing_jobs_own_error_reaches_the_console_with_the_local_profile(tmp_path):
+    broken = tmp_path / "train.json"
+    broken.write_text('{"version": "1.1", "data": [}')
+    config = tmp_path / "config.yaml"
+    config.write_text(f"output_root: {json.dumps(str(tmp_path / 'out'))}\ndata:\n  squad: {json.dumps(str(broken))}\n"
+                      f"  squad_dev: {json.dumps(str(broken))}\n  corpus: squad_contexts\n")
+    completed = snakemake(tmp_path, str(tmp_path / "out" / "data"), "--profile", str(PROFILES / "local"), "--cores",
+                          "1", "--configfile", str(PROJECT_ROOT / "configs" / "test.yaml"), str(config))
+    assert completed.returncode != 0
+    console = completed.stdout + completed.stderr
+    assert f"error: {broken}: invalid JSON at line 1 column" in console
+    assert not (tmp_path / "out" / "data").exists()
