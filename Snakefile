@@ -543,3 +543,6 @@ rule report:
     shell:
         "{params.python:q} -m pipeline report --config-json {params.cfg:q} --root {params.root:q}"
         " --benchmark {input.benchmark:q}/benchmark.json {params.web} --out-dir {params.out_dir:q} > {log:q} 2>&1"
+
+
+include: "rules/study.smk"

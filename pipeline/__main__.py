@@ -23,6 +23,7 @@ COMMANDS = {
     "benchmark": ("pipeline.stages.benchmark", "main"),
     "benchmark-web": ("pipeline.stages.benchmark_web", "main"),
     "report": ("pipeline.stages.report", "main"),
+    "study-summary": ("pipeline.stages.study", "main"),
     "answer": ("pipeline.mobile", "main"),
     "evaluate-predictions": ("pipeline.squad", "evaluate_predictions_main"),
     "schema": ("pipeline.config", "print_schema_main"),

@@ -420,6 +420,12 @@ class GatesConfig:
         0.99, "The torch-free answerer on the fp32 ONNX graph: fraction of dev answers equal to PyTorch's.",
         minimum=0.0, maximum=1.0,
     )
+    dev_questions: int | None = option(
+        1000,
+        "Exports are scored and gated on the first N dev questions (null: all), against PyTorch's answers on the "
+        "same questions: agreement on 1000 questions is known to about +-0.5 %, and every export variant is scored "
+        "(the training stages score the whole dev set).", minimum=1,
+    )
 
 
 @dataclass
@@ -519,6 +525,33 @@ class ComputeConfig:
             )
 
 
+STUDY_VARIANTS = ("ce_only", "distilbert", "pkd_skip", "pkd_last", "tinybert")
+
+
+@dataclass
+class StudyConfig:
+    """The evidence behind the distillation claims (target `study`, not in the default `all`): distill_squad and
+    its alternatives rerun from the same distilled student and teacher over several seeds."""
+
+    seeds: list[int] = option([1, 2, 3, 4, 5], "Seeds of every variant (head initialisation and data order).")
+    variants: list[Literal["ce_only", "distilbert", "pkd_skip", "pkd_last", "tinybert"]] = option(
+        list(STUDY_VARIANTS),
+        "ce_only: gold spans only (student_finetune); distilbert: distill_squad as configured; pkd_skip / "
+        "pkd_last: distilbert plus the PKD patient loss on the Skip / Last teacher layers; tinybert: TinyBERT's "
+        "two steps, intermediate layers (attention, hidden states, embeddings) for half the epochs, then the "
+        "prediction layer (with the gold spans) for the other half. Every variant trains for the same epochs.",
+    )
+    confidence: float = option(0.95, "Level of the intervals (Student's t over seeds).", exclusiveMinimum=0.0,
+                               maximum=0.999)
+    bootstrap_samples: int = option(2000, "Resamples of the dev questions for one run's standard error.", minimum=100)
+
+    def __post_init__(self) -> None:
+        if len(self.seeds) < 2 or len(set(self.seeds)) != len(self.seeds):
+            raise ConfigError(f"study.seeds: {self.seeds} needs at least two different seeds for an interval")
+        if "ce_only" not in self.variants:
+            raise ConfigError(f"study.variants: {self.variants} needs ce_only, the baseline every difference is to")
+
+
 @dataclass
 class PipelineConfig:
     """The whole pipeline. Every stage reads the sections it needs."""
@@ -535,6 +568,7 @@ class PipelineConfig:
     export: ExportConfig = section(ExportConfig, "ONNX / CoreML export, quantization, gates and the app bundle.")
     benchmark: BenchmarkConfig = section(BenchmarkConfig, "Size, accuracy, latency and memory of every artifact.")
     compute: ComputeConfig = section(ComputeConfig, "Scheduler resources per rule.")
+    study: StudyConfig = section(StudyConfig, "Multi-seed evidence for the distillation claims (target study).")
 
     def __post_init__(self) -> None:
         lengths = self.export.coreml.sequence_lengths

@@ -6,12 +6,48 @@ A missed gate raises GateError with the numbers, so the Snakemake rule that buil
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
+from dataclasses import dataclass
+from pathlib import Path
 
 from pipeline import squad
 
 
 class GateError(RuntimeError):
     """An export missed one of its gates; the message names the artifact, the measure and both numbers."""
+
+
+@dataclass
+class GateQuestions:
+    """The dev questions exports are scored on, with the PyTorch model's answers and scores on the same ones."""
+
+    records: Any  # datasets.Dataset of the dev questions kept
+    examples: list[dict[str, str]]
+    gold: dict[str, list[str]]
+    pytorch_predictions: dict[str, str]
+    pytorch_exact_match: float
+    pytorch_f1: float
+
+
+def gate_questions(data_dir: Path, model_dir: Path, limit: int | None) -> GateQuestions:
+    """The first `limit` dev questions (all if None) and the PyTorch model's predictions.json restricted to them."""
+    import json
+
+    from pipeline.data import load_squad
+
+    records, _ = load_squad(str(data_dir / "dev.jsonl"))
+    if limit and limit < len(records):
+        records = records.select(range(limit))  # a datasets.Dataset: slicing would give columns
+    gold = squad.gold_answers(records)
+    predictions_path = model_dir / "predictions.json"
+    all_predictions = json.loads(predictions_path.read_text())
+    missing = [question_id for question_id in gold if question_id not in all_predictions]
+    if missing:
+        raise GateError(f"{predictions_path}: no prediction for {len(missing)} dev question(s), e.g. {missing[0]!r}")
+    pytorch_predictions = {question_id: all_predictions[question_id] for question_id in gold}
+    scores = squad.squad_v1_scores(gold, pytorch_predictions)
+    return GateQuestions(records, squad.questions(records), gold, pytorch_predictions,
+                         round(scores["exact_match"], 3), round(scores["f1"], 3))
 
 
 def answer_agreement(predictions: Mapping[str, str], reference: Mapping[str, str]) -> float:

@@ -341,3 +341,15 @@ def test_the_bundle_takes_the_fastest_passing_variant_and_breaks_near_ties_by_si
     assert choose({"int8": variant(10.0, 5), "int8-optimized": variant(9.8, 6)}, 0.05)[:2] == ("int8", "int8-optimized")
     assert choose({"int8": variant(10.0, 5), "int8-optimized": variant(1.0, 6, passed=False)}, 0.05)[:2] == ("int8", None)
     assert choose({"int8": variant(1.0, 5, False), "int8-optimized": variant(1.0, 6, False)}, 0.05)[0] is None
+
+
+def test_exports_are_scored_on_the_first_dev_questions_against_pytorch_on_the_same_ones(built):
+    from pipeline import gates, squad
+
+    first = gates.gate_questions(built["data"], built["student"], 5)
+    every = gates.gate_questions(built["data"], built["student"], None)
+    assert len(first.examples) == len(first.gold) == len(first.pytorch_predictions) == 5
+    assert list(first.gold) == list(every.gold)[:5] and len(every.gold) > 5
+    assert first.pytorch_f1 == round(squad.squad_v1_scores(first.gold, first.pytorch_predictions)["f1"], 3)
+    report = json.loads((built["quantized"] / "quantize.json").read_text())
+    assert report["n_questions"] == min(len(every.gold), built["cfg"].export.gates.dev_questions)

@@ -24,7 +24,7 @@ import shutil
 from importlib import metadata
 from pathlib import Path
 
-from pipeline import mobile, squad
+from pipeline import mobile
 from pipeline.artifacts import (
     atomic_output_dir,
     atomic_write_json,
@@ -39,7 +39,7 @@ from pipeline.artifacts import (
     verify_manifest,
 )
 from pipeline.config import PipelineConfig, config_from_json
-from pipeline.gates import GateError, compressed_model_report, raise_for_failures
+from pipeline.gates import GateError, compressed_model_report, gate_questions, raise_for_failures
 
 logger = logging.getLogger(__name__)
 
@@ -193,17 +193,15 @@ Answer: **{example['answer']['answer']}** (context characters {example['answer']
 def run(cfg: PipelineConfig, quantized_dir: Path, coreml_dir: Path, model_dir: Path, data_dir: Path,
         out_dir: Path) -> dict:
     verify_input_dirs(quantized_dir, coreml_dir, model_dir, data_dir)
-    from pipeline.data import load_squad
 
     quantized = read_json(quantized_dir / "quantize.json")
     choice = quantized["bundle_choice"]
     if choice is None:
         raise GateError(f"{quantized_dir}/quantize.json: no int8 variant passed its gates, nothing to bundle")
     coreml = read_json(coreml_dir / "coreml.json")
-    dev, _ = load_squad(str(data_dir / "dev.jsonl"))
-    examples, gold = squad.questions(dev), squad.gold_answers(dev)
-    pytorch_predictions = read_json(model_dir / "predictions.json")
-    pytorch_f1 = read_json(model_dir / "metrics.json")["f1"]
+    questions = gate_questions(data_dir, model_dir, cfg.export.gates.dev_questions)
+    examples, gold = questions.examples, questions.gold
+    pytorch_predictions, pytorch_f1 = questions.pytorch_predictions, questions.pytorch_f1
     source = quantized_dir / choice
 
     with atomic_output_dir(out_dir, cfg) as tmp:

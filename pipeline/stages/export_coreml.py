@@ -23,10 +23,10 @@ import numpy as np
 import torch
 
 from pipeline import qa, squad
-from pipeline.artifacts import atomic_output_dir, atomic_write_json, directory_size_bytes, megabytes, read_json, setup_logging
+from pipeline.artifacts import atomic_output_dir, atomic_write_json, directory_size_bytes, megabytes, setup_logging
 from pipeline.artifacts import verify_input_dirs
 from pipeline.config import ConfigError, CoreMLConfig, PipelineConfig, config_from_json
-from pipeline.gates import GateError, compressed_model_report, raise_for_failures
+from pipeline.gates import GateError, compressed_model_report, gate_questions, raise_for_failures
 
 logger = logging.getLogger(__name__)
 
@@ -228,13 +228,10 @@ def run(cfg: PipelineConfig, model_dir: Path, data_dir: Path | None, out_dir: Pa
     check_lengths(ccfg, load_wrapped(model_dir, mask_input).model.config.max_position_embeddings, str(model_dir))
     dev = tokenizer = gold = pytorch_predictions = pytorch_f1 = None
     if data_dir is not None:
-        from pipeline.data import load_squad
-
-        dev, _ = load_squad(str(data_dir / "dev.jsonl"))
+        questions = gate_questions(data_dir, model_dir, gates.dev_questions)
+        dev, gold = questions.records, questions.gold
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        gold = squad.gold_answers(dev)
-        pytorch_predictions = read_json(model_dir / "predictions.json")
-        pytorch_f1 = read_json(model_dir / "metrics.json")["f1"]
+        pytorch_predictions, pytorch_f1 = questions.pytorch_predictions, questions.pytorch_f1
 
     packages, reports = {}, []
     with atomic_output_dir(out_dir, cfg) as tmp:

@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 
 from pipeline import mobile, qa, squad
-from pipeline.artifacts import atomic_output_dir, atomic_write_json, directory_size_bytes, megabytes, read_json, setup_logging
+from pipeline.artifacts import atomic_output_dir, atomic_write_json, directory_size_bytes, megabytes, setup_logging
 from pipeline.artifacts import verify_input_dirs
 from pipeline.config import PipelineConfig, config_from_json
-from pipeline.gates import GateError, answer_agreement, logit_parity_report, raise_for_failures
+from pipeline.gates import GateError, answer_agreement, gate_questions, logit_parity_report, raise_for_failures
 
 logger = logging.getLogger(__name__)
 
@@ -113,18 +113,16 @@ def run(cfg: PipelineConfig, model_dir: Path, data_dir: Path, out_dir: Path) -> 
     import torch
     from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 
-    from pipeline.data import load_squad
-
     verify_input_dirs(model_dir, data_dir)
     gates = cfg.export.gates
     model = AutoModelForQuestionAnswering.from_pretrained(model_dir).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    dev, _ = load_squad(str(data_dir / "dev.jsonl"))
+    questions = gate_questions(data_dir, model_dir, gates.dev_questions)
+    dev = questions.records
     features = qa.validation_windows(dev, tokenizer, cfg.squad)
     torch_start, torch_end = qa.predict_window_logits(model, features, cfg.squad.eval_batch_size, torch.device("cpu"))
     windows = windows_from_features(features)
-    pytorch_predictions = read_json(model_dir / "predictions.json")
-    pytorch_metrics = read_json(model_dir / "metrics.json")
+    pytorch_predictions = questions.pytorch_predictions
     n_layers = model.config.num_hidden_layers
 
     with atomic_output_dir(out_dir, cfg) as tmp:
@@ -141,7 +139,7 @@ def run(cfg: PipelineConfig, model_dir: Path, data_dir: Path, out_dir: Path) -> 
         raise_for_failures(parity, str(out_dir))
 
         # Both graphs through the torch-free answerer: its own tokenization, windows and n-best.
-        examples, gold = squad.questions(dev), squad.gold_answers(dev)
+        examples, gold = questions.examples, questions.gold
         dev_scores = {}
         for variant in ("fp32", "optimized"):
             answerer = mobile.QuestionAnswerer.with_squad_settings(
@@ -164,7 +162,8 @@ def run(cfg: PipelineConfig, model_dir: Path, data_dir: Path, out_dir: Path) -> 
             "fp32": {"size_mb": megabytes(directory_size_bytes(tmp / "fp32" / MODEL_FILE)), **dev_scores["fp32"]},
             "optimized": {"size_mb": megabytes(directory_size_bytes(tmp / "optimized" / MODEL_FILE)),
                           **dev_scores["optimized"], "fused_ops": fused_ops},
-            "pytorch": {"exact_match": pytorch_metrics["exact_match"], "f1": pytorch_metrics["f1"]},
+            "pytorch": {"exact_match": questions.pytorch_exact_match, "f1": questions.pytorch_f1},
+            "n_questions": len(examples),
             "parity": {report["name"]: report["max_abs_logit_diff"] for report in parity},
         }
         atomic_write_json(tmp / "export.json", metrics)

@@ -39,7 +39,7 @@ from pipeline import mobile, squad
 from pipeline.artifacts import atomic_output_dir, atomic_write_json, directory_size_bytes, megabytes, read_json, setup_logging
 from pipeline.artifacts import verify_input_dirs
 from pipeline.config import PipelineConfig, QuantizeConfig, config_from_json
-from pipeline.gates import compressed_model_report, raise_for_failures
+from pipeline.gates import compressed_model_report, gate_questions, raise_for_failures
 from pipeline.latency import compare_latency, cpu_description
 
 logger = logging.getLogger(__name__)
@@ -252,14 +252,12 @@ def choose_bundle_variant(variants: dict, tie_fraction: float) -> tuple[str | No
 
 def run(cfg: PipelineConfig, onnx_dir: Path, model_dir: Path, data_dir: Path, out_dir: Path, threads: int = 1) -> dict:
     verify_input_dirs(onnx_dir, model_dir, data_dir)
-    from pipeline.data import load_squad
 
     qcfg, gates = cfg.export.quantize, cfg.export.gates
     settings = quantization_settings(qcfg)
-    dev, _ = load_squad(str(data_dir / "dev.jsonl"))
-    examples, gold = squad.questions(dev), squad.gold_answers(dev)
-    pytorch_predictions = read_json(model_dir / "predictions.json")
-    pytorch_f1 = read_json(model_dir / "metrics.json")["f1"]
+    questions = gate_questions(data_dir, model_dir, gates.dev_questions)
+    examples, gold = questions.examples, questions.gold
+    pytorch_predictions, pytorch_f1 = questions.pytorch_predictions, questions.pytorch_f1
     vocab_size = read_json(onnx_dir / "fp32" / "config.json")["vocab_size"]
     recipes = int8_recipes(qcfg, settings)
     needs_calibration = any(recipe.format == "qdq" for recipe in recipes.values())
@@ -299,6 +297,7 @@ def run(cfg: PipelineConfig, onnx_dir: Path, model_dir: Path, data_dir: Path, ou
             "timing": {"sequence_length": cfg.squad.max_seq_length, "batch_size": 1, "threads": 1,
                        "runs": qcfg.latency_runs},
             "pytorch_f1": pytorch_f1,
+            "n_questions": len(examples),
             "variants": variants,
             "int8_recipes": {name: asdict(recipe) for name, recipe in recipes.items()},
             "bundle_choice": choice,

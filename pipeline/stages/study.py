@@ -1,0 +1,205 @@
+"""Stage study_summary: what the second distillation step adds, with its noise (target `study`).
+
+One run of distill_squad against one run of student_finetune is a single draw: another seed, or another CPU
+model's floating point, moves dev F1 by about as much as the difference between them. The study reruns every
+variant (config section `study`) over N seeds from the same distilled student and teacher, and reports:
+  - per variant: dev EM / F1 mean, standard deviation over seeds, and a `confidence` interval of the mean
+    (Student's t with N-1 degrees of freedom);
+  - per variant: the paired difference to ce_only (same seed: same head initialisation and data order), its mean
+    and interval; a difference whose interval excludes 0 is called significant, nothing else is;
+  - per run: the bootstrap standard error of its dev F1 over questions (how much one seed's figure can be trusted);
+  - per variant: training seconds (mean), as the runs measured them on this machine.
+
+Run configs (`run_config`): each variant is distill_squad's config with its objectives changed and the seed
+replaced; TinyBERT runs in two steps with half the epochs each (intermediate layers, then prediction layer).
+
+  python -m pipeline study-summary --config-json CFG --runs-dir artifacts/study --data-dir artifacts/data
+      --teacher-dir artifacts/teacher --out-dir artifacts/study   (writes summary.md, then summary.json)
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import logging
+import math
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.artifacts import atomic_write_json, atomic_write_text, read_json, setup_logging
+from pipeline.config import PipelineConfig, config_from_json
+
+logger = logging.getLogger(__name__)
+
+BASELINE = "ce_only"
+TINYBERT_FIRST_STEP = "tinybert_intermediate"
+
+
+# ------------------------------------------------------------------------------------------- run configs
+
+
+def run_names(variants: list[str]) -> list[str]:
+    """The training runs behind the variants: TinyBERT's first step is a run of its own."""
+    names = []
+    for variant in variants:
+        if variant == "tinybert":
+            names.append(TINYBERT_FIRST_STEP)
+        names.append(variant)
+    return names
+
+
+def run_config(full: dict, run: str, seed: int) -> dict:
+    """The whole config (as a plain dict) of one study run: distill_squad changed for the run, the seed replaced."""
+    config = copy.deepcopy(full)
+    config["seed"] = seed
+    squad_step = config["distill_squad"]
+    half_epochs = squad_step["train"]["epochs"] / 2
+    if run == "pkd_skip" or run == "pkd_last":
+        squad_step["objectives"] = ["distilbert", "pkd"]  # PKD = (1-alpha) CE + alpha KD + beta PT
+        squad_step["pkd"]["scheme"] = "skip" if run == "pkd_skip" else "last"
+    elif run == TINYBERT_FIRST_STEP:
+        squad_step["objectives"] = ["tinybert"]
+        squad_step["alpha_task"] = 0.0  # intermediate layers only: attention scores, hidden states, embeddings
+        squad_step["tinybert"]["prediction_weight"] = 0.0
+        squad_step["train"]["epochs"] = half_epochs
+    elif run == "tinybert":
+        squad_step["objectives"] = ["tinybert"]  # prediction layer, from the first step's student
+        for term in ("attention_weight", "hidden_weight", "embedding_weight"):
+            squad_step["tinybert"][term] = 0.0
+        squad_step["train"]["epochs"] = half_epochs
+    elif run not in (BASELINE, "distilbert"):
+        raise ValueError(f"unknown study run {run!r}")
+    return config
+
+
+# ---------------------------------------------------------------------------------------------- statistics
+
+
+def interval(values: list[float], confidence: float) -> dict:
+    """Mean, sample standard deviation and the t interval of the mean."""
+    from scipy import stats
+
+    array = np.asarray(values, dtype=float)
+    n = len(array)
+    mean = float(array.mean())
+    std = float(array.std(ddof=1)) if n > 1 else 0.0
+    half_width = float(stats.t.ppf((1 + confidence) / 2, n - 1) * std / math.sqrt(n)) if n > 1 else math.inf
+    return {"n": n, "mean": round(mean, 3), "std": round(std, 3), "low": round(mean - half_width, 3),
+            "high": round(mean + half_width, 3)}
+
+
+def per_question_f1(predictions: dict[str, str], gold: dict[str, list[str]]) -> np.ndarray:
+    from pipeline import squad
+
+    return np.array([max(squad.f1_score(predictions.get(question_id, ""), answer) for answer in answers)
+                     for question_id, answers in gold.items()]) * 100
+
+
+def bootstrap_standard_error(scores: np.ndarray, samples: int, seed: int = 0) -> float:
+    """Standard deviation of the mean score over resamples of the questions (with replacement)."""
+    rng = np.random.default_rng(seed)
+    means = [scores[rng.integers(0, len(scores), len(scores))].mean() for _ in range(samples)]
+    return round(float(np.std(means)), 3)
+
+
+# -------------------------------------------------------------------------------------------------- run
+
+
+def read_run(run_dir: Path) -> dict:
+    metrics = read_json(run_dir / "metrics.json")
+    return {"exact_match": metrics["exact_match"], "f1": metrics["f1"], "train_seconds": metrics.get("train_seconds"),
+            "predictions": read_json(run_dir / "predictions.json")}
+
+
+def summarize(cfg: PipelineConfig, runs_dir: Path, gold: dict[str, list[str]], teacher_f1: float | None) -> dict:
+    scfg = cfg.study
+    runs = {variant: {seed: read_run(runs_dir / variant / f"seed{seed}") for seed in scfg.seeds}
+            for variant in scfg.variants}
+    variants = {}
+    for variant, by_seed in runs.items():
+        f1 = [by_seed[seed]["f1"] for seed in scfg.seeds]
+        standard_errors = [bootstrap_standard_error(per_question_f1(by_seed[seed]["predictions"], gold),
+                                                    scfg.bootstrap_samples, seed) for seed in scfg.seeds]
+        entry = {
+            "f1_by_seed": dict(zip(map(str, scfg.seeds), f1)),
+            "exact_match": interval([by_seed[seed]["exact_match"] for seed in scfg.seeds], scfg.confidence),
+            "f1": interval(f1, scfg.confidence),
+            "f1_bootstrap_standard_error_by_seed": dict(zip(map(str, scfg.seeds), standard_errors)),
+            "train_seconds_mean": round(float(np.mean([by_seed[s]["train_seconds"] or 0 for s in scfg.seeds])), 1),
+            "f1_relative_to_teacher": None if not teacher_f1 else round(float(np.mean(f1)) / teacher_f1, 4),
+        }
+        if variant == "tinybert":  # its first step's time belongs to its budget too
+            first = [read_run(runs_dir / TINYBERT_FIRST_STEP / f"seed{s}")["train_seconds"] or 0 for s in scfg.seeds]
+            entry["train_seconds_mean"] = round(entry["train_seconds_mean"] + float(np.mean(first)), 1)
+        if variant != BASELINE:
+            differences = [by_seed[seed]["f1"] - runs[BASELINE][seed]["f1"] for seed in scfg.seeds]
+            paired = interval(differences, scfg.confidence)
+            entry["f1_minus_ce_only"] = {**paired, "significant": paired["low"] > 0 or paired["high"] < 0}
+        variants[variant] = entry
+    return {
+        "seeds": scfg.seeds,
+        "confidence": scfg.confidence,
+        "n_dev_questions": len(gold),
+        "teacher_f1": teacher_f1,
+        "variants": variants,
+    }
+
+
+def markdown(summary: dict, machine: dict) -> str:
+    level = f"{summary['confidence']:.0%}"
+    lines = [
+        "# Distillation study",
+        "",
+        f"{len(summary['seeds'])} seeds ({', '.join(map(str, summary['seeds']))}) per variant, every run from the same "
+        f"distilled student and teacher (teacher dev F1 {summary['teacher_f1']}), {summary['n_dev_questions']} dev "
+        f"questions. CPU: {machine['model_name']}. Intervals: {level}, Student's t over seeds; 'vs CE-only' pairs "
+        "runs with the same seed.",
+        "",
+        f"| objective | dev F1 mean ± std | {level} interval | % of teacher | vs CE-only (paired) | {level} interval "
+        "| one run's SE (bootstrap) | train s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for variant, entry in summary["variants"].items():
+        f1 = entry["f1"]
+        relative = f"{entry['f1_relative_to_teacher']:.1%}" if entry["f1_relative_to_teacher"] else "—"
+        paired = entry.get("f1_minus_ce_only")
+        versus = "—" if paired is None else f"{paired['mean']:+.2f}" + (" (significant)" if paired["significant"] else "")
+        versus_interval = "—" if paired is None else f"[{paired['low']:+.2f}, {paired['high']:+.2f}]"
+        standard_error = max(entry["f1_bootstrap_standard_error_by_seed"].values())
+        lines.append(f"| {variant} | {f1['mean']:.2f} ± {f1['std']:.2f} | [{f1['low']:.2f}, {f1['high']:.2f}] | "
+                     f"{relative} | {versus} | {versus_interval} | ≤ {standard_error:.2f} | "
+                     f"{entry['train_seconds_mean']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def run(cfg: PipelineConfig, runs_dir: Path, data_dir: Path, teacher_dir: Path | None, out_dir: Path) -> dict:
+    from pipeline import squad
+    from pipeline.data import load_squad
+    from pipeline.latency import cpu_description
+
+    dev, _ = load_squad(str(data_dir / "dev.jsonl"))
+    gold = squad.gold_answers(dev)
+    teacher_f1 = read_json(teacher_dir / "metrics.json")["f1"] if teacher_dir else None
+    summary = summarize(cfg, runs_dir, gold, teacher_f1)
+    machine = cpu_description()
+    summary["machine"] = machine
+    atomic_write_text(out_dir / "summary.md", markdown(summary, machine))
+    atomic_write_json(out_dir / "summary.json", summary)  # last: its presence means the study is complete
+    logger.info("study: %s", json.dumps(summary["variants"]))
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline study-summary", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config-json", required=True)
+    parser.add_argument("--runs-dir", required=True, type=Path, help="artifacts/study: <variant>/seed<N>/ per run")
+    parser.add_argument("--data-dir", required=True, type=Path)
+    parser.add_argument("--teacher-dir", type=Path, help="teacher_finetune output (its dev F1)")
+    parser.add_argument("--out-dir", required=True, type=Path)
+    args = parser.parse_args(argv)
+    setup_logging()
+    run(config_from_json(args.config_json), args.runs_dir, args.data_dir, args.teacher_dir, args.out_dir)
+    return 0

@@ -1,0 +1,79 @@
+# Target `study` (not in `all`): distill_squad and its alternatives over several seeds, from the same distilled
+# student and teacher, and the summary with intervals. Run: snakemake --cores 2 study
+from pipeline.stages import study as study_stage
+
+STUDY_RUNS = study_stage.run_names(CFG.study.variants)
+for _run in STUDY_RUNS:  # a run config that does not validate stops here, before any job
+    from_dict(PipelineConfig, study_stage.run_config(FULL, _run, CFG.study.seeds[0]))
+
+
+def study_student(wildcards):
+    """TinyBERT's prediction-layer step starts from its intermediate-layer step; every other run from the
+    distilled student of the default DAG."""
+    if wildcards.run == "tinybert":
+        return f"{ROOT}/study/{study_stage.TINYBERT_FIRST_STEP}/seed{wildcards.seed}"
+    return f"{ROOT}/distill_pretrain/main"
+
+
+def study_run_config(wildcards):
+    chosen = study_stage.run_config(FULL, wildcards.run, int(wildcards.seed))
+    sections = {name: chosen[name] for name in ("seed", "squad", "distill_squad")}
+    sections["compute"] = {key: chosen["compute"][key] for key in ("processes", "mixed_precision")}
+    return json.dumps(sections, sort_keys=True)
+
+
+rule study:
+    input:
+        f"{ROOT}/study/summary.json",
+
+
+rule study_run:
+    input:
+        student=study_student,
+        teacher=rules.teacher_finetune.output[0],
+        data=rules.prepare_data.output[0],
+        code=code("stages/distill_squad", "stages/study", "train", "losses", "qa", "squad", "students"),
+    output:
+        directory(f"{ROOT}/study/{{run}}/seed{{seed}}"),
+    wildcard_constraints:
+        run="|".join(STUDY_RUNS),
+        seed=r"\d+",
+    params:
+        cfg=study_run_config,
+        launch=lambda wildcards, threads: launch("distill-squad", threads),
+        teacher=lambda wildcards, input: "--ce-only" if wildcards.run == study_stage.BASELINE
+        else f"--teacher-dir {shlex.quote(str(input.teacher))}",
+        work=lambda wildcards: f"{ROOT}/work/study/{wildcards.run}/seed{wildcards.seed}",
+    log:
+        f"{ROOT}/logs/study/{{run}}_seed{{seed}}.log",
+    benchmark:
+        f"{ROOT}/benchmarks/study/{{run}}_seed{{seed}}.tsv"
+    threads: PAIRED_THREADS
+    resources:
+        **TRAIN_RESOURCES,
+    shell:
+        "{params.launch} {params.teacher} --config-json {params.cfg:q} --student-dir {input.student:q}"
+        " --data-dir {input.data:q} --out-dir {output:q} --work-dir {params.work:q} > {log:q} 2>&1"
+
+
+rule study_summary:
+    input:
+        runs=expand(f"{ROOT}/study/{{run}}/seed{{seed}}", run=STUDY_RUNS, seed=CFG.study.seeds),
+        teacher=rules.teacher_finetune.output[0],
+        data=rules.prepare_data.output[0],
+        code=code("stages/study", "squad", "latency"),
+    output:
+        summary=f"{ROOT}/study/summary.json",
+        markdown=f"{ROOT}/study/summary.md",
+    params:
+        python=PYTHON,
+        cfg=stage_config("study"),
+        runs_dir=f"{ROOT}/study",
+    log:
+        f"{ROOT}/logs/study_summary.log",
+    threads: 1
+    resources:
+        **LIGHT_RESOURCES,
+    shell:
+        "{params.python:q} -m pipeline study-summary --config-json {params.cfg:q} --runs-dir {params.runs_dir:q}"
+        " --data-dir {input.data:q} --teacher-dir {input.teacher:q} --out-dir {params.runs_dir:q} > {log:q} 2>&1"
