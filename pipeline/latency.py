@@ -12,20 +12,9 @@ from pathlib import Path
 import numpy as np
 import onnxruntime
 
+from pipeline import artifacts
 
-def cpu_description() -> dict:
-    """lscpu's model name and the SIMD flags that decide int8 speed, for every timing's record."""
-    model, flags = "unknown", []
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and model == "unknown":
-                model = value.strip()
-            if key.strip() in ("flags", "Features") and not flags:
-                flags = value.split()
-    interesting = [f for f in flags if f.startswith(("avx", "amx", "fma", "sse4", "asimd", "sve", "i8mm", "dotprod"))]
-    return {"model_name": model, "simd_flags": sorted(interesting)}
+cpu_description = artifacts.cpu_description  # shared with every stage's metrics.json
 
 
 # Session option sets the int8 search tries beside onnxruntime's defaults (benchmark.session_options).

@@ -90,3 +90,13 @@ def test_the_code_loads_weights_and_configs_safely_and_never_runs_remote_code():
                 problems.append(f"{name}: {why}")
     assert problems == []
     assert len(source_files()) > 20  # the scan saw the whole package
+
+
+def test_every_stage_metrics_json_names_the_cpu_it_ran_on(tmp_path):
+    from pipeline.artifacts import atomic_output_dir, atomic_write_json, cpu_description, read_json
+
+    with atomic_output_dir(tmp_path / "stage") as tmp:
+        atomic_write_json(tmp / "metrics.json", {"f1": 90.0})
+    machine = read_json(tmp_path / "stage" / "metrics.json")["machine"]
+    assert machine["cpu"] == cpu_description()["model_name"] and machine["cores"] >= 1
+    assert isinstance(machine["cpu_flags"], list)
