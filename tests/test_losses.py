@@ -284,7 +284,7 @@ def test_pkd_teacher_layers_follow_the_paper():
     assert pkd_teacher_layers(12, 6, "last") == [6, 7, 8, 9, 10]  # paper's {7,...,11}, 1-based
     assert pkd_teacher_layers(12, 3, "skip") == [3, 7]  # paper's {4, 8}
     assert pkd_teacher_layers(12, 1, "last") == []  # a 1-layer student is taught by predictions only
-    with pytest.raises(ValueError, match="pkd.teacher_layers"):
+    with pytest.raises(ValueError, match=r"^pkd\.teacher_layers:"):
         pkd_teacher_layers(4, 6, "skip")
     with pytest.raises(ValueError, match="skip"):
         pkd_teacher_layers(12, 6, "middle")
@@ -416,3 +416,120 @@ def test_recorder_removes_its_hooks_and_keeps_the_graph():
         model(input_ids, attention_mask=attention_mask)
     assert recorder.scores[0].requires_grad  # a student can learn from its scores
     assert all(not module._forward_hooks for module in model.modules())
+
+
+# ---------------------------------------------------------------- edges: empty selections, shapes, messages
+
+
+def test_every_loss_gives_a_differentiable_zero_on_an_empty_selection():
+    rows = torch.zeros(0, 3, requires_grad=True)
+    for loss in (soft_target_kl_loss(rows, rows.detach(), 2.0), soft_cross_entropy(rows, rows.detach(), 2.0),
+                 masked_lm_loss(rows, torch.zeros(0, dtype=torch.long)), logits_mse_loss(rows, rows.detach())):
+        assert loss.item() == 0.0
+        loss.backward()
+    # All padding: the selection is empty although the tensors are not; still 0, and no gradient anywhere.
+    hidden = torch.randn(2, 3, 4, requires_grad=True)
+    padding_only = torch.zeros(2, 3)
+    cosine = hidden_cosine_loss(hidden, torch.randn(2, 3, 4), padding_only)
+    tinybert = tinybert_hidden_loss([hidden, hidden], [torch.randn(2, 3, 4)] * 2, None, padding_only)
+    for loss in (cosine, tinybert):
+        assert loss.item() == 0.0
+        loss.backward()
+    assert torch.all(hidden.grad == 0)
+
+
+def test_single_row_losses_are_not_mistaken_for_empty_ones():
+    student, teacher = torch.tensor([STUDENT_LOGITS[0]]), torch.tensor([TEACHER_LOGITS[0]])
+    assert soft_cross_entropy(student, teacher, 1.0).item() > 0
+    assert logits_mse_loss(student, teacher).item() == pytest.approx(sum((s - t) ** 2 for s, t in zip(STUDENT_LOGITS[0], TEACHER_LOGITS[0])))
+    one_token = torch.tensor([[1]])
+    cosine = hidden_cosine_loss(torch.tensor([[[1.0, 0.0]]]), torch.tensor([[[0.0, 1.0]]]), one_token)
+    assert cosine.item() == pytest.approx(1.0)
+
+
+def test_soft_cross_entropy_takes_rows_from_all_leading_dimensions_and_defaults_to_t_1():
+    generator = torch.Generator().manual_seed(0)
+    student, teacher = torch.randn(2, 3, 5, generator=generator), torch.randn(2, 3, 5, generator=generator)
+    expected = sum(
+        -sum(p * math.log(q) for p, q in zip(softmax(t_row), softmax(s_row)))
+        for s_row, t_row in zip(student.reshape(6, 5).tolist(), teacher.reshape(6, 5).tolist())
+    ) / 6
+    assert soft_cross_entropy(student, teacher).item() == pytest.approx(expected, rel=1e-5)
+    assert soft_cross_entropy(student, teacher, 1.0).item() == pytest.approx(expected, rel=1e-5)
+
+
+def test_qa_task_loss_ignores_answers_outside_the_window_and_keeps_cls():
+    start_logits = torch.tensor([[1.0, 2.0, 0.0], [0.5, 0.0, 1.5]])
+    end_logits = torch.tensor([[0.0, 0.0, 3.0], [2.0, 1.0, 0.0]])
+    # Window 2's labels lie past the window (position 7 > S = 3): it is ignored, not clamped onto a token.
+    loss = qa_task_loss(start_logits, end_logits, torch.tensor([0, 7]), torch.tensor([2, 7]))
+    expected = (-math.log(softmax([1.0, 2.0, 0.0])[0]) - math.log(softmax([0.0, 0.0, 3.0])[2])) / 2
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+    # A negative label is clamped onto [CLS] (position 0), the no-answer label.
+    negative = qa_task_loss(start_logits[:1], end_logits[:1], torch.tensor([-3]), torch.tensor([-1]))
+    assert negative.item() == pytest.approx((-math.log(softmax([1.0, 2.0, 0.0])[0])
+                                             - math.log(softmax([0.0, 0.0, 3.0])[0])) / 2, rel=1e-6)
+
+
+def test_mlm_loss_weights_may_be_zero_or_fractional_but_not_negative():
+    batch = mlm_batch()
+    terms = mlm_distillation_loss(*batch, {"ce": 0.0, "mlm": 0.5, "cos": 0.0}, 2.0)
+    assert terms["loss"].item() == pytest.approx(0.5 * terms["mlm"].item(), rel=1e-6)
+    with pytest.raises(ValueError, match=r"^loss weights must be >= 0, got \{'cos': -1\.0\}$"):
+        mlm_distillation_loss(*batch, {"cos": -1.0}, 2.0)
+    with pytest.raises(ValueError, match=r"^unknown loss weight\(s\) \['alpha_ce'\]; valid terms are ce, mlm, cos, mse$"):
+        mlm_distillation_loss(*batch, {"alpha_ce": 1.0}, 2.0)
+
+
+def test_tinybert_attention_loss_averages_over_heads_and_valid_entries():
+    student = torch.tensor([[[[1.0]], [[2.0]]]])  # [B=1, heads=2, S=1, S=1]
+    teacher = torch.tensor([[[[-1.0]], [[0.0]]]])
+    # (1 - (-1))² = 4 and (2 - 0)² = 4 over 2 valid entries (one per head): 4.
+    assert tinybert_attention_loss([student], [teacher], torch.ones(1, 1)).item() == pytest.approx(4.0)
+    one_head = tinybert_attention_loss([student[:, :1]], [teacher[:, :1]], torch.ones(1, 1))
+    assert one_head.item() == pytest.approx(4.0)  # a single valid entry is divided by 1
+    with pytest.raises(ValueError, match=r"^tinybert_attention_loss: student has 2 attention heads and the teacher 4;"):
+        tinybert_attention_loss([torch.zeros(1, 2, 3, 3)], [torch.zeros(1, 4, 3, 3)], torch.ones(1, 3))
+
+
+def test_tinybert_hidden_loss_sums_over_layers():
+    mask = torch.ones(1, 1)
+    first = tinybert_hidden_loss([torch.ones(1, 1, 2)], [torch.zeros(1, 1, 2)], None, mask)
+    second = tinybert_hidden_loss([torch.full((1, 1, 2), 3.0)], [torch.zeros(1, 1, 2)], None, mask)
+    both = tinybert_hidden_loss([torch.ones(1, 1, 2), torch.full((1, 1, 2), 3.0)], [torch.zeros(1, 1, 2)] * 2, None, mask)
+    assert (first.item(), second.item()) == (1.0, 9.0) and both.item() == 10.0
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: hidden_cosine_loss(torch.zeros(1, 2, 4), torch.zeros(1, 2, 8), torch.ones(1, 2)),
+         r"^hidden_cosine_loss: student width 4 differs from the teacher's 8$"),
+        (lambda: pkd_patient_loss([torch.zeros(2, 4)], [torch.zeros(2, 8)]),
+         r"^pkd_patient_loss: student width 4 differs from the teacher's 8$"),
+        (lambda: pkd_patient_loss([torch.zeros(2, 4)] * 2, [torch.zeros(2, 4)]),
+         r"^pkd_patient_loss: 2 student layers but 1 teacher layers$"),
+        (lambda: pkd_patient_loss([], []), r"^pkd_patient_loss: no layers given$"),
+        (lambda: tinybert_attention_loss([], [], torch.ones(1, 1)), r"^tinybert_attention_loss: no layers given$"),
+        (lambda: tinybert_hidden_loss([torch.zeros(1, 1, 2)], [], None, torch.ones(1, 1)),
+         r"^tinybert_hidden_loss: 1 student layers but 0 teacher layers$"),
+        (lambda: tinybert_hidden_loss([torch.zeros(1, 2, 4)], [torch.zeros(1, 2, 8)], None, torch.ones(1, 2)),
+         r"^student hidden size 4 differs from the teacher's 8; pass a projection such as nn\.Linear\(4, 8\)$"),
+        (lambda: tinybert_hidden_loss([torch.zeros(1, 2, 4)], [torch.zeros(1, 2, 8)], nn.Linear(4, 6), torch.ones(1, 2)),
+         r"^projection outputs width 6 but the teacher hidden size is 8$"),
+        (lambda: AttentionScoreRecorder(nn.Linear(2, 2)), r"^Linear has no BERT or DistilBERT self-attention layers"),
+    ],
+)
+def test_shape_errors_name_the_loss_and_the_sizes(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_a_recorder_can_be_used_again():
+    model = tiny_distilbert()
+    input_ids, attention_mask = padded_batch()
+    recorder = AttentionScoreRecorder(model)
+    for _ in range(2):
+        with recorder:
+            model(input_ids, attention_mask=attention_mask)
+        assert len(recorder.scores) == 2 and all(not m._forward_hooks for m in model.modules())
