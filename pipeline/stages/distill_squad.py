@@ -6,7 +6,9 @@ distill_pretrain output learns from the gold spans and from the frozen teacher_f
     distilbert: alpha_kd * KL(softmax(t/T) || softmax(s/T)) * T^2 on start and end logits, averaged, over
                 [CLS] and context positions only (the reference script also spreads mass over question tokens
                 and padding; we mask them);
-    pkd:        beta * patient loss on normalised [CLS] states of mapped layers (Sun et al. 2019);
+    pkd:        beta * patient loss on normalised [CLS] states of mapped layers, a mean over batch x layers x
+                hidden as in the reference code (Sun et al. 2019); PKD's soft-target term is the distilbert
+                objective, which the config requires alongside it;
     tinybert:   attention-score, hidden-state (with a learned projection when widths differ) and embedding
                 MSE, plus prediction-layer soft cross-entropy (Jiao et al. 2019).
 student_finetune (--ce-only): the same student with plain CE and no teacher, so the report shows what the
