@@ -24,6 +24,7 @@ import os
 import random
 import resource
 import shutil
+import signal
 import sys
 import time
 from collections import defaultdict
@@ -137,8 +138,24 @@ def prepare_run(cfg: TrainConfig, seed: int) -> torch.device:
     group = process_group_from_env()
     device = resolve_device(cfg, group.local_rank)
     if group.distributed and not torch.distributed.is_initialized():
+        die_with_the_launcher()
         torch.distributed.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
     return device
+
+
+def die_with_the_launcher() -> None:
+    """torchrun starts each rank in a session of its own, so a launcher killed outright (SIGKILL: no chance to
+    stop its ranks, as when Snakemake and its job are killed) would leave them training beside the rerun. On
+    Linux each rank asks the kernel for SIGKILL when its parent, the launcher, dies."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    parent = os.getppid()
+    pr_set_pdeathsig = 1  # from <sys/prctl.h>
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != parent:  # the launcher died before the request took effect
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def mixed_precision(cfg: TrainConfig, device: torch.device) -> str:
