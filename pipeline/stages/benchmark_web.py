@@ -54,7 +54,7 @@ def models_to_time(root: Path, with_reference: bool = True) -> list[dict]:
             raise WebBenchmarkError(f"{needed}: missing (run the pipeline's bundle rule first)")
     qa_config = read_json(bundle / "qa_config.json")
     student_config = read_json(root / EXPORTED_MODELS["student"] / "config.json")
-    models = [{"model": "student", "precision": read_json(bundle / "metrics.json")["onnx_variant"],
+    models = [{"model": "student", "precision": "int8-optimized", "recipe": read_json(bundle / "metrics.json")["onnx_variant"],
                "path": bundle / qa_config["onnx"]["model"], "max_positions": student_config["max_position_embeddings"],
                "vocab_size": student_config["vocab_size"]}]
     reference = root / "reference" / "distilbert"
@@ -62,7 +62,7 @@ def models_to_time(root: Path, with_reference: bool = True) -> list[dict]:
               if (root / "benchmark" / "benchmark.json").is_file() else None)
     if with_reference and search:
         config = read_json(reference / "pytorch" / "config.json")
-        models.append({"model": "distilbert", "precision": "int8-optimized",
+        models.append({"model": "distilbert", "precision": "int8-optimized", "recipe": search["choice"]["recipe"],
                        "path": reference / "onnx" / search["choice"]["recipe"] / "model.onnx",
                        "max_positions": config["max_position_embeddings"], "vocab_size": config["vocab_size"]})
     return models
@@ -97,7 +97,7 @@ def run(root: Path, out: Path, cfg: BenchmarkConfig | None = None, client_dir: P
                 "name": f"{model['model']}/{fmt}-{model['precision']}", "model": model["model"], "format": fmt,
                 "precision": model["precision"], "path": str(model["path"]),
                 "size_mb": megabytes(directory_size_bytes(model["path"])),
-                "runtime": result["runtime"], "timed": True, "untimed_reason": None,
+                "recipe": model["recipe"], "runtime": result["runtime"], "timed": True, "untimed_reason": None,
                 "max_positions": model["max_positions"], "vocab_size": model["vocab_size"],
                 "latency_ms": result["latency_ms"], "peak_rss_mb": result["peak_rss_mb"],
             })

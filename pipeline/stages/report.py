@@ -264,10 +264,17 @@ def speed_analysis(profiles: dict, floor: dict | None) -> list[str]:
                      f"{fused['QAttention']['ms_per_run']:.1f} ms per run; the naive graph spends "
                      f"{naive['MatMul']['ms_per_run']:.1f} ms in float MatMuls (the attention scores) plus its share of "
                      f"the int8 projections. Fusing attention moves work rather than removing it on this CPU.")
-    if floor and floor.get("ratio"):
+    if "MatMul" in naive and "MatMul" not in fused:
+        lines.append(f"- The chosen graph runs attention's two products in int8 as well; in the naive graph they are "
+                     f"float MatMuls taking {naive['MatMul']['ms_per_run']:.1f} ms per run.")
+    chosen = profiles.get("distilbert/onnx-int8-optimized", [])
+    if floor and floor.get("ratio") and chosen:
+        gemm_ops = ("DynamicQuantizeMatMul", "MatMulIntegerToFloat", "MatMulInteger", "QAttention", "QLinearMatMul")
+        rest = [op for op in chosen if op["op"] not in gemm_ops][:4]
         lines.append(f"- The int8 GEMMs alone take {floor['latency_ms']:.1f} ms; the model takes {floor['ratio']:.2f}x "
-                     "that. The rest is the float attention-score products, activation quantization, LayerNorm and "
-                     "GELU, which the GEMM floor leaves out.")
+                     "that. The largest other operators in its profile: "
+                     + ", ".join(f"{op['op']} {op['ms_per_run']:.1f} ms" for op in rest)
+                     + " (activation quantization is part of DynamicQuantizeMatMul's time).")
     return lines
 
 
