@@ -22,7 +22,8 @@ pytestmark = pytest.mark.integration
 
 STEPS, LOG_EVERY = 120, 20
 # The two runs draw different masks (each rank has its own RNG stream), so their losses agree only up to noise.
-# Measured here: the mean loss of the last two logged intervals differs by 0.04 while training lowers it by 1.0.
+# Measured here: the mean loss of the last two logged intervals differs by 0.01 between the runs, while training
+# lowers the loss by 0.7 from the first log to the last.
 LOSS_TOLERANCE = 0.1
 MIN_LOSS_DROP = 0.5
 
