@@ -219,3 +219,68 @@ def test_random_student_is_reproducible_and_differs_from_the_teacher_copy(teache
     assert torch.equal(first[name], second[name])
     assert not torch.equal(first[name], other_seed[name])
     assert not torch.equal(first[name], copied[name])
+
+
+# ---------------------------------------------------------------- edges and messages
+
+
+def test_a_teacher_needs_at_least_one_layer():
+    with pytest.raises(LayerMappingError, match=r"^student\.layer_mapping: the teacher must have at least one layer, got 0$"):
+        teacher_layers_for_student("first_k", 0, 1)
+    assert teacher_layers_for_student("every_other", 1, 1) == [0]
+
+
+@pytest.mark.parametrize(("n_teacher", "n_student"), [(1, 1), (2, 1), (3, 1), (5, 2), (12, 6)])
+def test_default_student_depth_is_half_the_teacher_rounded_down_and_at_least_one(n_teacher, n_student):
+    config = student_config_from_teacher(tiny_teacher_config(num_hidden_layers=n_teacher))
+    assert config.n_layers == n_student and isinstance(config.n_layers, int)
+
+
+def test_student_config_copies_initialisation_range_and_padding_id():
+    config = student_config_from_teacher(tiny_teacher_config(initializer_range=0.05, pad_token_id=3), 2)
+    assert (config.initializer_range, config.pad_token_id) == (0.05, 3)
+    assert config.sinusoidal_pos_embds is False
+
+
+@pytest.mark.parametrize(
+    ("mapping", "n_student", "message"),
+    [
+        ([0, 1.5], 2, r"^student\.layer_mapping\[1\]: teacher layer must be an integer, got 1\.5$"),
+        ([0, 4], 2, r"^student\.layer_mapping\[1\]: teacher layer 4 is out of range; the teacher has 4 layers "
+                    r"\(valid indices 0\.\.3\)$"),
+        ([0, 1, 2], 2, r"^student\.layer_mapping: lists 3 teacher layers but the student has 2 layers; "
+                       r"give exactly one teacher layer per student layer$"),
+        ("every_third", 2, r"^student\.layer_mapping: unknown layer mapping 'every_third'; use one of every_other, "
+                           r"first_k, last_k, uniform or an explicit list of teacher layer indices$"),
+        (6, 2, r"^student\.layer_mapping: expected a strategy name \(every_other, first_k, last_k, uniform\) or a list"),
+    ],
+)
+def test_mapping_errors_say_exactly_what_is_wrong(mapping, n_student, message):
+    with pytest.raises(LayerMappingError, match=message):
+        teacher_layers_for_student(mapping, 4, n_student)
+
+
+def test_init_errors_name_what_cannot_be_copied(teacher):
+    with pytest.raises(LayerMappingError, match=r"^teacher_layers: lists 3"):
+        init_student_from_teacher(teacher, student_config_from_teacher(teacher.config, 2), [0, 1, 2])
+    sinusoidal = student_config_from_teacher(teacher.config, 2)
+    sinusoidal.sinusoidal_pos_embds = True
+    with pytest.raises(ValueError, match=r"^student config has sinusoidal_pos_embds=True; learned positions are "
+                                         r"needed to copy the teacher's$"):
+        init_student_from_teacher(teacher, sinusoidal, [0, 3])
+    relative = BertForMaskedLM(tiny_teacher_config(position_embedding_type="relative_key"))
+    with pytest.raises(ValueError, match=r"^teacher uses position_embedding_type='relative_key'; only absolute "
+                                         r"position embeddings can be copied into DistilBERT$"):
+        init_student_from_teacher(relative, student_config_from_teacher(relative.config, 2), [0, 3])
+
+
+def test_a_tied_student_refuses_a_teacher_whose_decoder_differs_from_its_embeddings(teacher):
+    untied = BertForMaskedLM(tiny_teacher_config(tie_word_embeddings=False))
+    with torch.no_grad():
+        untied.cls.predictions.decoder.weight.add_(1.0)
+    tied_config = student_config_from_teacher(untied.config, 2)
+    tied_config.tie_word_embeddings = True
+    with pytest.raises(ValueError, match=r"^the student ties vocab_projector to its word embeddings but the teacher's "
+                                         r"MLM decoder differs from its word embeddings; build the student config "
+                                         r"with tie_word_embeddings=False$"):
+        init_student_from_teacher(untied, tied_config, [0, 3])
