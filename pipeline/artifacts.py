@@ -44,7 +44,12 @@ def atomic_output_dir(final_dir: str | Path, config: Any = None) -> Iterator[Pat
     try:
         yield tmp
         stamp_machine(tmp / "metrics.json")
-        if not (tmp / "manifest.json").is_file():
+        own_manifest = tmp / "manifest.json"
+        if own_manifest.is_file():  # the stage wrote its own (the bundle's): keep its fields, list the stamped files
+            manifest = read_json(own_manifest)
+            manifest["files"] = files_manifest(tmp)
+            atomic_write_json(own_manifest, manifest)
+        else:
             write_manifest(tmp, config)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -23,11 +23,15 @@ def test_a_stage_output_folder_gets_a_manifest_of_every_file_with_config_hash_an
     assert {"python", "torch", "transformers", "onnxruntime", "snakemake"} <= manifest["library_versions"].keys()
 
 
-def test_a_manifest_the_stage_wrote_itself_is_kept(tmp_path):
+def test_a_manifest_the_stage_wrote_itself_keeps_its_fields_and_covers_the_stamped_metrics(tmp_path):
+    from pipeline.artifacts import files_manifest
+
     with atomic_output_dir(tmp_path / "bundle") as tmp:
-        (tmp / "a.txt").write_text("a")
-        (tmp / "manifest.json").write_text(json.dumps({"files": {}, "written_by": "the stage"}))
-    assert json.loads((tmp_path / "bundle" / "manifest.json").read_text())["written_by"] == "the stage"
+        (tmp / "metrics.json").write_text(json.dumps({"f1": 1.0}))
+        (tmp / "manifest.json").write_text(json.dumps({"files": files_manifest(tmp), "written_by": "the stage"}))
+    manifest = verify_manifest(tmp_path / "bundle")  # metrics.json gained its machine stamp after the stage's manifest
+    assert manifest["written_by"] == "the stage"
+    assert "machine" in json.loads((tmp_path / "bundle" / "metrics.json").read_text())
 
 
 def test_a_failed_stage_leaves_neither_folder_nor_manifest(tmp_path):
