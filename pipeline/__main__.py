@@ -51,8 +51,9 @@ def main(argv: list[str] | None = None) -> int:
         from pipeline.data import DataError
         from pipeline.gates import GateError
         from pipeline.mobile import BundleError
+        from pipeline.students import LayerMappingError
 
-        if isinstance(error, (ConfigError, DataError, GateError, BundleError, ManifestError)):
+        if isinstance(error, (ConfigError, DataError, GateError, BundleError, ManifestError, LayerMappingError)):
             print(f"error: {error}", file=sys.stderr)
             return 2
         raise

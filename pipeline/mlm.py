@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from pipeline.data import DataError
 from pipeline.masking import mask_tokens
 
 
@@ -14,7 +15,7 @@ def read_corpus_lines(path: str | Path) -> list[str]:
     lines = [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines()]
     lines = [line for line in lines if line]
     if not lines:
-        raise ValueError(f"{path}: the MLM corpus has no non-empty lines")
+        raise DataError(f"{path}: the MLM corpus has no non-empty lines")
     return lines
 
 

@@ -140,7 +140,7 @@ def test_an_empty_corpus_names_the_file(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n  \n", encoding="utf-8")
     completed = prepare_data(local_data_config(tmp_path, GOOD_QAS, corpus=str(corpus)), tmp_path / "out")
-    assert "corpus.txt: the MLM corpus has no non-empty lines" in last_error_line(completed)
+    assert_one_line_error(completed, "corpus.txt: the MLM corpus has no non-empty lines")
     assert not (tmp_path / "out").exists()
 
 
