@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import shutil
 import time
 from pathlib import Path
@@ -139,7 +140,8 @@ def cached_teacher_logits(
     logits = teacher_window_logits(teacher, windows, batch_size, device, autocast_bf16)
     seconds = time.perf_counter() - start
     cache_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache_path.with_name(cache_path.name + ".tmp")
+    # One temporary name per process: under torchrun every rank computes the same logits, and each rename is atomic.
+    tmp = cache_path.with_name(f"{cache_path.name}.tmp-{os.getpid()}")
     save_file(logits, str(tmp), metadata={CACHE_SECONDS_KEY: repr(seconds)})
     tmp.replace(cache_path)
     return logits, seconds
