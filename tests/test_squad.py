@@ -478,7 +478,7 @@ def test_cli_reports_missing_predictions(squad2_dev_sample, tmp_path, capsys):
     [
         (None, "file not found"),
         ('{"q1": "Paris"', "invalid JSON at line 1"),
-        ('["Paris"]', "expected a JSON object mapping question id to answer text"),
+        ('["Paris"]', "expected a JSON object mapping question id to answer text, got list"),
         ('{"q1": ["Paris"]}', "question 'q1': expected the answer text as a string"),
     ],
 )
@@ -504,3 +504,57 @@ def test_cli_bad_dataset_exits_2(tmp_path, capsys):
 
     assert exit_code == 2
     assert f"{dataset}: invalid JSON" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- edges found by mutation testing
+
+
+def test_a_question_without_an_answer_is_labelled_with_cls_in_every_window(seine_tokenizer):
+    examples = seine_examples([(10, 15)])
+    examples["answers"] = [{"text": [], "answer_start": []}]
+    features = prepare_train_features(examples, seine_tokenizer, max_seq_length=24, doc_stride=8)
+    assert len(features["input_ids"]) > 1
+    assert set(features["start_positions"]) == set(features["end_positions"]) == {CLS_INDEX}
+
+
+def test_answer_length_limit_is_inclusive_and_skips_only_the_long_spans(two_window_seine):
+    examples, features = two_window_seine
+    words = [match.start() for match in re.finditer(r"\w+", SEINE_CONTEXT)]
+    river = SEINE_CONTEXT.index("river")
+    first = token_position(features, 0, river)
+    # Start at "river"; ends 2 tokens on (3-token span, best) and 1 token on (2-token span, second best).
+    start = logits_with(features, {(0, first): 5.0})
+    end = logits_with(features, {(0, first + 2): 5.0, (0, first + 1): 4.0})
+    three_words = SEINE_CONTEXT[river : SEINE_CONTEXT.index(" ", SEINE_CONTEXT.index("flows"))]
+    assert postprocess_predictions(examples, features, start, end, max_answer_length=3) == {"seine-30-35": three_words}
+    # With a limit of 2 the best pair is too long; the loop goes on to the 2-token span.
+    assert postprocess_predictions(examples, features, start, end, max_answer_length=2) == {"seine-30-35": "river Seine"}
+    assert words  # the text has words to pick from
+
+
+def test_n_best_considers_exactly_the_top_n_starts_and_ends(two_window_seine):
+    examples, features = two_window_seine
+    positions = [k for k, offset in enumerate(features["offset_mapping"][0]) if offset is not None][:4]
+    # Start logits rank positions 0 > 1 > 2 > 3, end logits 3 > 2 > 1 > 0 (all others 0).
+    start = logits_with(features, {(0, p): 10.0 - i for i, p in enumerate(positions)})
+    end = logits_with(features, {(0, p): 7.0 + i for i, p in enumerate(positions)})
+    for n_best_size in (1, 2, 3):
+        n_best = n_best_predictions(examples, features, start, end, n_best_size=n_best_size)["seine-30-35"]
+        assert len(n_best) == n_best_size
+        starts = {candidate["start"] for candidate in n_best}
+        assert starts <= {features["offset_mapping"][0][p][0] for p in positions[:n_best_size]}
+        assert set(n_best[0]) == {"text", "score", "start", "end", "start_logit", "end_logit"}
+        assert n_best[0]["start_logit"] == 10.0 and n_best[0]["end_logit"] == 10.0
+
+
+def test_scores_need_gold_questions_and_windows_need_a_fast_tokenizer(tmp_path):
+    with pytest.raises(ValueError, match=r"^no gold questions to score$"):
+        squad_v1_scores({}, {})
+    from transformers import BertTokenizer
+
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(SPECIAL_TOKENS + ["the", "river"]) + "\n")
+    slow = BertTokenizer(str(vocab))
+    with pytest.raises(ValueError, match=r"^SQuAD windows need a fast tokenizer \(offset mappings come from the "
+                                         r"tokenizers library\)$"):
+        prepare_train_features(seine_examples([(10, 15)]), slow, max_seq_length=24, doc_stride=8)
