@@ -123,7 +123,29 @@ def test_evaluate_qa_scores_the_postprocessed_predictions(examples, seine_tokeni
 
     metrics, predictions = qa.evaluate_qa(PointsAtSeine(), seine_tokenizer, examples, SQUAD, torch.device("cpu"))
     assert set(predictions.values()) == {"Seine"}
-    assert metrics["exact_match"] == pytest.approx(100 / 3, abs=1e-3)
+    assert metrics["exact_match"] == metrics["f1"] == 33.333  # one question of three, rounded to 3 decimals
+
+
+def test_evaluate_qa_applies_the_configured_n_best_size_and_answer_length(examples, seine_tokenizer):
+    # Start logits: highest on the question's first token (never an answer), next on "The" (the context's first
+    # word); end logits: highest on "France", 11 tokens after "The", next on each "the" itself.
+    the, france = seine_tokenizer.convert_tokens_to_ids("the"), seine_tokenizer.convert_tokens_to_ids("france")
+    which = seine_tokenizer.convert_tokens_to_ids("which")
+
+    class FixedPointer(torch.nn.Module):
+        def forward(self, input_ids, attention_mask):
+            start = (input_ids == which).float() * 9 + (input_ids == the).float() * 5
+            end = (input_ids == france).float() * 9 + (input_ids == the).float() * 5
+            return type("Output", (), {"start_logits": start, "end_logits": end})()
+
+    def answers(**squad_options):
+        cfg = SquadConfig(max_seq_length=64, doc_stride=16, eval_batch_size=3, **squad_options)
+        return set(qa.evaluate_qa(FixedPointer(), seine_tokenizer, examples, cfg, torch.device("cpu"))[1].values())
+
+    long_answer = SEINE_CONTEXT[: SEINE_CONTEXT.index("France") + len("France")]
+    assert answers(n_best_size=5, max_answer_length=30) == {long_answer}
+    assert {a.lower() for a in answers(n_best_size=5, max_answer_length=10)} == {"the"}  # 11 tokens are too long
+    assert answers(n_best_size=1, max_answer_length=30) == {""}  # only the question token is a top-1 start
 
 
 @pytest.mark.parametrize("freeze", [True, False])
