@@ -460,15 +460,15 @@ def test_soft_cross_entropy_takes_rows_from_all_leading_dimensions_and_defaults_
 
 def test_qa_task_loss_ignores_answers_outside_the_window_and_keeps_cls():
     start_logits = torch.tensor([[1.0, 2.0, 0.0], [0.5, 0.0, 1.5]])
-    end_logits = torch.tensor([[0.0, 0.0, 3.0], [2.0, 1.0, 0.0]])
+    end_logits = torch.tensor([[0.5, 0.0, 3.0], [2.0, 1.0, 0.0]])
     # Window 2's labels lie past the window (position 7 > S = 3): it is ignored, not clamped onto a token.
     loss = qa_task_loss(start_logits, end_logits, torch.tensor([0, 7]), torch.tensor([2, 7]))
-    expected = (-math.log(softmax([1.0, 2.0, 0.0])[0]) - math.log(softmax([0.0, 0.0, 3.0])[2])) / 2
+    expected = (-math.log(softmax([1.0, 2.0, 0.0])[0]) - math.log(softmax([0.5, 0.0, 3.0])[2])) / 2
     assert loss.item() == pytest.approx(expected, rel=1e-6)
     # A negative label is clamped onto [CLS] (position 0), the no-answer label.
     negative = qa_task_loss(start_logits[:1], end_logits[:1], torch.tensor([-3]), torch.tensor([-1]))
     assert negative.item() == pytest.approx((-math.log(softmax([1.0, 2.0, 0.0])[0])
-                                             - math.log(softmax([0.0, 0.0, 3.0])[0])) / 2, rel=1e-6)
+                                             - math.log(softmax([0.5, 0.0, 3.0])[0])) / 2, rel=1e-6)
 
 
 def test_mlm_loss_weights_may_be_zero_or_fractional_but_not_negative():
