@@ -222,10 +222,11 @@ def test_benchmark_web_times_the_bundle_model_on_both_runtimes(tiny, tmp_path):
     out = tmp_path / "benchmark_web" / "benchmark_web.json"
     metrics = benchmark_web.run(root, out, BenchmarkConfig(sequence_lengths=[32, 1024], runs=3, warmup=1))
     assert json.loads(out.read_text()) == metrics
-    precision = json.loads((root / "bundle" / "metrics.json").read_text())["onnx_variant"]
+    recipe = json.loads((root / "bundle" / "metrics.json").read_text())["onnx_variant"]
     assert [a["format"] for a in metrics["artifacts"]] == ["onnx-web", "onnx-node"]
     for item in metrics["artifacts"]:
-        assert item["name"] == f"student/{item['format']}-{precision}" and item["precision"] == precision
+        assert item["name"] == f"student/{item['format']}-int8-optimized" and item["precision"] == "int8-optimized"
+        assert item["recipe"] == recipe
         assert item["size_mb"] > 0 and item["peak_rss_mb"] > 0
         timing = item["latency_ms"]["seq32"]["threads1"]
         assert 0 < timing["p50"] <= timing["p90"]
