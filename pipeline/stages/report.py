@@ -132,6 +132,11 @@ def goals(summary_data: dict, benchmark: dict, references: dict, longest: int) -
 # --------------------------------------------------------------------------------------------------- plots
 
 
+def is_search_recipe(item: dict) -> bool:
+    """An int8 search recipe of a trained model: plotted, but unlabelled, so the plot stays readable."""
+    return item["format"] == "onnx" and item["precision"].startswith("int8-") and item["precision"] != "int8-optimized"
+
+
 def plot_accuracy(summary_data: dict, out_dir: Path, length: int) -> None:
     import matplotlib
 
@@ -146,8 +151,9 @@ def plot_accuracy(summary_data: dict, out_dir: Path, length: int) -> None:
     for item in scored:
         axis.scatter(item["size_mb"], item["f1"], marker=markers.get(item["format"], "o"),
                      color=colors.get(item["model"], "grey"), s=45)
-        axis.annotate(item["precision"], (item["size_mb"], item["f1"]), fontsize=7, xytext=(4, 2),
-                      textcoords="offset points")
+        if not is_search_recipe(item):
+            axis.annotate(item["precision"], (item["size_mb"], item["f1"]), fontsize=7, xytext=(4, 2),
+                          textcoords="offset points")
     axis.axvline(TARGET_SIZE_MB, color="red", linestyle="--")
     axis.text(TARGET_SIZE_MB, axis.get_ylim()[0], " 207 MB (DistilBERT,\n iPhone 7 Plus)", color="red", fontsize=8,
               va="bottom")
@@ -164,7 +170,7 @@ def plot_accuracy(summary_data: dict, out_dir: Path, length: int) -> None:
     axis.set_xscale("log")
     axis.set_xlabel("size on disk (MB, log scale); grey lines: full-size DistilBERT artifacts")
     axis.set_ylabel("dev F1")
-    axis.set_title("Dev F1 vs size (marker: format; colour: model)")
+    axis.set_title("Dev F1 vs size (marker: format; colour: model; unlabelled squares: int8 search recipes)")
     legend_models = [plt.Line2D([], [], color=c, marker="o", linestyle="", label=m) for m, c in colors.items()]
     legend_formats = [plt.Line2D([], [], color="black", marker=m, linestyle="", label=f) for f, m in markers.items()]
     axis.legend(handles=legend_models + legend_formats, fontsize=8, loc="center", bbox_to_anchor=(0.45, 0.5))
@@ -179,11 +185,13 @@ def plot_accuracy(summary_data: dict, out_dir: Path, length: int) -> None:
             continue
         axis.scatter(cell["p50"], item["f1"], marker=markers.get(item["format"], "o"),
                      color=colors.get(item["model"], "grey"), s=45)
-        axis.annotate(item["precision"], (cell["p50"], item["f1"]), fontsize=7, xytext=(4, 2),
-                      textcoords="offset points")
+        if not is_search_recipe(item):
+            axis.annotate(item["precision"], (cell["p50"], item["f1"]), fontsize=7, xytext=(4, 2),
+                          textcoords="offset points")
     axis.set_xlabel(f"latency p50 (ms), batch 1, {length} tokens, 1 thread")
     axis.set_ylabel("dev F1")
-    axis.set_title(f"Dev F1 vs latency on {summary_data['machine']['cpu']} (CoreML not timed on Linux)")
+    axis.set_title(f"Dev F1 vs latency on {summary_data['machine']['cpu']} (CoreML not timed on Linux)\n"
+                   "unlabelled squares: the int8 search recipes (report.md names each)", fontsize=10)
     axis.legend(handles=legend_models + legend_formats[:3], fontsize=8, loc="lower right")
     figure.tight_layout()
     figure.savefig(out_dir / "f1_vs_latency.png", dpi=120)
