@@ -19,9 +19,7 @@ import argparse
 import hashlib
 import json
 import logging
-import platform
 import shutil
-from importlib import metadata
 from pathlib import Path
 
 from pipeline import mobile
@@ -31,6 +29,7 @@ from pipeline.artifacts import (
     atomic_write_text,
     directory_size_bytes,
     files_manifest,
+    library_versions,
     megabytes,
     read_json,
     setup_logging,
@@ -54,16 +53,6 @@ def coreml_weights(variant: str, cfg: PipelineConfig) -> str:
     return COREML_WEIGHTS[variant]
 LIBRARIES = ("onnxruntime", "onnx", "optimum", "optimum-onnx", "transformers", "tokenizers", "torch", "coremltools",
              "numpy")
-
-
-def library_versions() -> dict[str, str]:
-    versions = {"python": platform.python_version()}
-    for name in LIBRARIES:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = "not installed"
-    return versions
 
 
 def config_hash(cfg: PipelineConfig) -> str:
@@ -246,7 +235,7 @@ def run(cfg: PipelineConfig, quantized_dir: Path, coreml_dir: Path, model_dir: P
         atomic_write_text(tmp / "README.md", app_readme(config, metrics, worked_example(answerer, examples[0])))
         atomic_write_json(tmp / "manifest.json", {
             "files": files_manifest(tmp),
-            "library_versions": library_versions(),
+            "library_versions": library_versions(LIBRARIES),
             "config_sha256": config_hash(cfg),
             "built_from": {"quantized": str(quantized_dir), "coreml": str(coreml_dir), "model": str(model_dir)},
         })
