@@ -25,6 +25,9 @@ TEACHER_FROM_SCRATCH = CFG.teacher.pretrained is None  # then rule teacher_pretr
 # The MLM teacher that init_student copies from and distill_pretrain learns from: a directory or a hub name.
 MLM_TEACHER = f"{ROOT}/teacher_pretrain" if TEACHER_FROM_SCRATCH else CFG.teacher.pretrained
 # Pretraining-distillation variants: the configured student, and the random-init ablation with the same budget.
+# TinyBERT's task-stage augmentation asks the MLM teacher for replacement words.
+AUGMENT = CFG.distill_squad.augmentation.copies > 0
+MLM_TEACHER_ARG = f"--mlm-teacher-dir {shlex.quote(str(MLM_TEACHER))}" if AUGMENT else ""
 STUDENT_VARIANTS = ["main"] + (["random_init_ablation"] if CFG.distill_pretrain.run_random_init_ablation else [])
 TRAIN_RESOURCES = {"mem_mb": CFG.compute.training_mem_mb, "gpu": CFG.compute.gpus}
 # Local SQuAD and corpus files are inputs: editing one reruns what depends on it, a missing one stops the run here.
@@ -284,14 +287,17 @@ rule distill_squad:
     input:
         student=f"{ROOT}/distill_pretrain/main",
         teacher=rules.teacher_finetune.output[0],
+        mlm_teacher=[MLM_TEACHER] if AUGMENT and TEACHER_FROM_SCRATCH else [],
         data=rules.prepare_data.output[0],
-        code=code("stages/distill_squad", "stages/distill_pretrain", "train", "losses", "qa", "squad", "students"),
+        code=code("stages/distill_squad", "stages/distill_pretrain", "augment", "train", "losses", "qa", "squad",
+                  "students"),
     output:
         directory(f"{ROOT}/distill_squad"),
     params:
         python=PYTHON,
         cfg=training_config("seed", "squad", "distill_squad"),
         launch=lambda wildcards, threads: launch("distill-squad", threads),
+        mlm_teacher=MLM_TEACHER_ARG,
         work=f"{ROOT}/work/distill_squad",
     log:
         f"{ROOT}/logs/distill_squad.log",
@@ -303,7 +309,7 @@ rule distill_squad:
         **TRAIN_RESOURCES,
     shell:
         "{params.launch} --config-json {params.cfg:q}"
-        " --student-dir {input.student:q} --teacher-dir {input.teacher:q} --data-dir {input.data:q}"
+        " --student-dir {input.student:q} --teacher-dir {input.teacher:q} {params.mlm_teacher} --data-dir {input.data:q}"
         " --out-dir {output:q} --work-dir {params.work:q} > {log:q} 2>&1"
 
 

@@ -279,6 +279,17 @@ class TinyBERTObjectiveConfig:
     projection: bool = option(True, "Learn a linear map student width -> teacher width (needed when they differ).")
 
 
+@dataclass
+class SquadAugmentationConfig:
+    """TinyBERT's task-stage augmentation: copies of the training windows with words an MLM predicts in place of
+    some of theirs, labelled by the QA teacher only (soft targets, no gold span). Paper: p_t 0.4, K 15, 20 copies."""
+
+    copies: int = option(0, "Augmented copies of every training window (0: no augmentation).", minimum=0)
+    replace_probability: float = option(0.4, "p_t: chance that a single-piece word is replaced.", minimum=0.0,
+                                        maximum=1.0)
+    top_k: int = option(15, "K: the replacement is drawn uniformly from the MLM's K most likely words.", minimum=1)
+
+
 def _default_distill_squad_train() -> TrainConfig:
     return TrainConfig(epochs=3.0, batch_size=32, learning_rate=5e-4, warmup_ratio=0.1, weight_decay=0.01,
                        adam_eps=1e-6, adam_beta2=0.999, max_grad_norm=1.0)
@@ -298,6 +309,9 @@ class DistillSquadConfig:
     distilbert: DistilBertObjectiveConfig = section(DistilBertObjectiveConfig, "The DistilBERT soft-target loss.")
     pkd: PKDObjectiveConfig = section(PKDObjectiveConfig, "The PKD patient loss.")
     tinybert: TinyBERTObjectiveConfig = section(TinyBERTObjectiveConfig, "The TinyBERT losses.")
+    augmentation: SquadAugmentationConfig = section(
+        SquadAugmentationConfig, "Teacher-labelled augmented windows (TinyBERT); the CE-only baseline never uses them."
+    )
     cache_teacher_logits: bool = option(
         True, "Compute the teacher's start/end logits once and reuse them every epoch (logit-only objectives)."
     )

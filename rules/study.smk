@@ -31,8 +31,9 @@ rule study_run:
     input:
         student=study_student,
         teacher=rules.teacher_finetune.output[0],
+        mlm_teacher=[MLM_TEACHER] if AUGMENT and TEACHER_FROM_SCRATCH else [],
         data=rules.prepare_data.output[0],
-        code=code("stages/distill_squad", "stages/study", "train", "losses", "qa", "squad", "students"),
+        code=code("stages/distill_squad", "stages/study", "augment", "train", "losses", "qa", "squad", "students"),
     output:
         directory(f"{ROOT}/study/{{run}}/seed{{seed}}"),
     wildcard_constraints:
@@ -42,7 +43,7 @@ rule study_run:
         cfg=study_run_config,
         launch=lambda wildcards, threads: launch("distill-squad", threads),
         teacher=lambda wildcards, input: "--ce-only" if wildcards.run == study_stage.BASELINE
-        else f"--teacher-dir {shlex.quote(str(input.teacher))}",
+        else f"--teacher-dir {shlex.quote(str(input.teacher))} {MLM_TEACHER_ARG}",
         work=lambda wildcards: f"{ROOT}/work/study/{wildcards.run}/seed{wildcards.seed}",
     log:
         f"{ROOT}/logs/study/{{run}}_seed{{seed}}.log",

@@ -264,3 +264,44 @@ def test_the_teacher_stays_frozen_and_out_of_the_optimizer(artifacts, tmp_path, 
         assert training is False and trainable == []
     teacher_parameters = {id(p) for p in seen["teacher"].parameters()}
     assert seen["trained"] and not teacher_parameters & set(seen["trained"])
+
+
+# ---------------------------------------------------------------- teacher-labelled augmented windows
+
+
+def test_augmented_windows_join_training_with_teacher_targets_only(artifacts, tmp_path):
+    cfg = tiny_config(distill_squad={"augmentation": {"copies": 2, "replace_probability": 0.5, "top_k": 3}})
+    metrics = distill_squad.run(cfg, artifacts["student"], artifacts["qa_teacher"], artifacts["data"],
+                                tmp_path / "out", tmp_path / "work", mlm_teacher=artifacts["mlm_teacher"])
+    assert metrics["n_augmented_windows"] == 2 * metrics["n_train_windows"] > 0
+    cache = next((tmp_path / "work").glob("teacher_logits-*.safetensors"))
+    from safetensors.torch import load_file
+    assert load_file(cache)["teacher_start_logits"].shape[0] == 3 * metrics["n_train_windows"]
+    # The CE-only baseline never sees augmented windows, whatever the config says.
+    baseline = distill_squad.run(cfg, artifacts["student"], None, artifacts["data"], tmp_path / "ce", tmp_path / "ce_work")
+    assert baseline["n_augmented_windows"] == 0
+
+
+def test_augmentation_without_a_masked_lm_teacher_fails_before_training(artifacts, tmp_path):
+    cfg = tiny_config(distill_squad={"augmentation": {"copies": 1}})
+    with pytest.raises(ConfigError, match=r"augmentation\.copies > 0 needs the masked-LM teacher"):
+        distill_squad.run(cfg, artifacts["student"], artifacts["qa_teacher"], artifacts["data"], tmp_path / "out",
+                          tmp_path / "work")
+    assert not (tmp_path / "out").exists()
+
+
+def test_task_loss_skips_windows_without_a_gold_span():
+    from types import SimpleNamespace
+
+    from pipeline.losses import qa_task_loss
+
+    torch.manual_seed(0)
+    out = SimpleNamespace(start_logits=torch.randn(3, 6, requires_grad=True), end_logits=torch.randn(3, 6))
+    batch = {"start_positions": torch.tensor([2, -1, 4]), "end_positions": torch.tensor([3, -1, 5]),
+             "has_gold": torch.tensor([True, False, True])}
+    loss = distill_squad.SquadDistillationLoss.task_loss(out, batch)
+    keep = torch.tensor([0, 2])
+    expected = qa_task_loss(out.start_logits[keep], out.end_logits[keep], torch.tensor([2, 4]), torch.tensor([3, 5]))
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+    none = distill_squad.SquadDistillationLoss.task_loss(out, batch | {"has_gold": torch.zeros(3, dtype=torch.bool)})
+    assert none.item() == 0.0 and none.requires_grad  # a batch of augmented windows only: no NaN, no task signal

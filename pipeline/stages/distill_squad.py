@@ -28,9 +28,10 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
-from transformers import AutoTokenizer, BertForQuestionAnswering, DistilBertForQuestionAnswering
+from transformers import AutoModelForMaskedLM, AutoTokenizer, BertForQuestionAnswering, DistilBertForQuestionAnswering
 
 from pipeline import qa
+from pipeline.augment import augment_windows
 from pipeline.artifacts import atomic_output_dir, atomic_write_json, fingerprint, read_json, setup_logging, to_plain
 from pipeline.artifacts import verify_input_dirs
 from pipeline.config import ConfigError, DistillSquadConfig, PipelineConfig, config_from_json
@@ -175,14 +176,25 @@ class SquadDistillationLoss:
         self.projection, self.sep_token_id = projection, sep_token_id
         self.needs_hidden = bool({"pkd", "tinybert"} & set(cfg.objectives))
 
+    @staticmethod
+    def task_loss(student_out, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Gold-span CE over the windows that have a gold span (augmented windows have none)."""
+        gold = batch.get("has_gold")
+        if gold is None:
+            return qa_task_loss(student_out.start_logits, student_out.end_logits,
+                                batch["start_positions"], batch["end_positions"])
+        if not gold.any():  # a batch of augmented windows only: the soft targets are the whole signal
+            return student_out.start_logits.sum() * 0.0
+        return qa_task_loss(student_out.start_logits[gold], student_out.end_logits[gold],
+                            batch["start_positions"][gold], batch["end_positions"][gold])
+
     def __call__(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         cfg = self.cfg
         inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
         record_attention = "tinybert" in cfg.objectives and cfg.tinybert.attention_weight > 0
         with AttentionScoreRecorder(self.student) if record_attention else _nothing() as student_scores:
             student_out = self.student(**inputs, output_hidden_states=self.needs_hidden)
-        terms = {"task": qa_task_loss(student_out.start_logits, student_out.end_logits,
-                                      batch["start_positions"], batch["end_positions"])}
+        terms = {"task": self.task_loss(student_out, batch)}
         total = cfg.alpha_task * terms["task"]
         if self.teacher is None:  # CE-only baseline
             return {"loss": total, **terms}
@@ -239,6 +251,29 @@ class _nothing:
         return False
 
 
+def add_augmented_windows(
+    windows: dict[str, torch.Tensor], mlm_teacher: str | Path, tokenizer, cfg: PipelineConfig, device
+) -> dict[str, torch.Tensor]:
+    """The training windows followed by their teacher-labelled augmented copies, with a ``has_gold`` flag."""
+    aug = cfg.distill_squad.augmentation
+    mlm_tokenizer = AutoTokenizer.from_pretrained(mlm_teacher)
+    if mlm_tokenizer.get_vocab() != tokenizer.get_vocab():
+        raise ConfigError(f"distill_squad.augmentation: the masked-LM teacher {mlm_teacher} has another vocabulary "
+                          "than the student; replacements must be the student's tokens")
+    mlm = AutoModelForMaskedLM.from_pretrained(mlm_teacher).to(device)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    start = time.perf_counter()
+    augmented = augment_windows(mlm, windows, tokenizer, aug.copies, aug.replace_probability, aug.top_k, generator,
+                                batch_size=cfg.squad.eval_batch_size, device=device)
+    replaced = (augmented["input_ids"] != windows["input_ids"].repeat(aug.copies, 1)).sum().item()
+    logger.info("augmentation: %d copies of %d windows, %d tokens replaced, %.1f s", aug.copies,
+                len(windows["input_ids"]), replaced, time.perf_counter() - start)
+    combined = {name: torch.cat([windows[name], augmented[name]]) for name in windows}
+    combined["has_gold"] = torch.cat([torch.ones(len(windows["input_ids"]), dtype=torch.bool),
+                                      torch.zeros(len(augmented["input_ids"]), dtype=torch.bool)])
+    return combined
+
+
 def run(
     cfg: PipelineConfig,
     student_dir: Path,
@@ -246,8 +281,13 @@ def run(
     data_dir: Path,
     out_dir: Path,
     work_dir: Path,
+    mlm_teacher: str | Path | None = None,
 ) -> dict:
-    """Train the student on SQuAD; with teacher_dir None, plain CE (the student_finetune baseline)."""
+    """Train the student on SQuAD; with teacher_dir None, plain CE (the student_finetune baseline).
+
+    ``mlm_teacher`` (a directory or hub name of a masked-LM with the student's vocabulary) is needed when
+    distill_squad.augmentation.copies > 0.
+    """
     verify_input_dirs(student_dir, teacher_dir, data_dir)
     dcfg = cfg.distill_squad
     device = prepare_run(dcfg.train, cfg.seed)
@@ -266,9 +306,16 @@ def run(
     train_examples, _ = load_squad(str(data_dir / "train.jsonl"))
     dev, _ = load_squad(str(data_dir / "dev.jsonl"))
     windows = qa.train_window_tensors(train_examples, tokenizer, cfg.squad)
+    n_gold_windows = len(windows["input_ids"])
+    augment = teacher is not None and dcfg.augmentation.copies > 0
+    if augment:
+        if mlm_teacher is None:
+            raise ConfigError("distill_squad.augmentation.copies > 0 needs the masked-LM teacher (--mlm-teacher-dir)")
+        windows = add_augmented_windows(windows, mlm_teacher, tokenizer, cfg, device)
+    local_mlm = [Path(mlm_teacher)] if augment and Path(mlm_teacher).is_dir() else []
     run_id = fingerprint(
         "distill_squad" if teacher else "student_finetune", to_plain(dcfg), to_plain(cfg.squad), cfg.seed,
-        files=[data_dir / "train.jsonl", student_dir] + ([teacher_dir] if teacher_dir else []),
+        files=[data_dir / "train.jsonl", student_dir] + ([teacher_dir] if teacher_dir else []) + local_mlm,
     )
     use_cache = teacher is not None and dcfg.cache_teacher_logits and set(dcfg.objectives) <= LOGIT_ONLY_OBJECTIVES
     cache_seconds = 0.0
@@ -301,7 +348,8 @@ def run(
         "teacher_logits_cached": use_cache,
         "teacher_cache_seconds": round(cache_seconds, 3),
         "layer_plan": {k: v for k, v in plan.items() if k != "needs_projection"},
-        "n_train_windows": len(windows["input_ids"]),
+        "n_train_windows": n_gold_windows,
+        "n_augmented_windows": len(windows["input_ids"]) - n_gold_windows,
         "n_parameters": student.num_parameters(),
     }
     if teacher_dir is not None and (teacher_dir / "metrics.json").is_file():
@@ -325,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--student-dir", required=True, type=Path, help="output of distill_pretrain")
     parser.add_argument("--teacher-dir", type=Path, default=None, help="output of teacher_finetune")
     parser.add_argument("--ce-only", action="store_true", help="no teacher: the student_finetune baseline")
+    parser.add_argument("--mlm-teacher-dir", default=None,
+                        help="masked-LM teacher for distill_squad.augmentation (a directory or hub name)")
     parser.add_argument("--data-dir", required=True, type=Path)
     parser.add_argument("--out-dir", required=True, type=Path)
     parser.add_argument("--work-dir", required=True, type=Path, help="checkpoints, teacher-logit cache, live log")
@@ -333,5 +383,5 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give exactly one of --teacher-dir and --ce-only")
     setup_logging()
     run(config_from_json(args.config_json), args.student_dir, args.teacher_dir, args.data_dir, args.out_dir,
-        args.work_dir)
+        args.work_dir, args.mlm_teacher_dir)
     return 0
