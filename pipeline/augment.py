@@ -68,6 +68,9 @@ def augment_windows(
     eligible = replaceable_positions(windows["input_ids"], windows["attention_mask"], tokenizer)
     mlm.eval()
     head = _mlm_head(mlm)
+    lengths = windows["attention_mask"].sum(dim=1)
+    # Windows are right-padded; batches of similar length, each cut to its longest window, skip most padding.
+    by_length = lengths.argsort()
     augmented_ids = []
     for _ in range(copies):
         ids = windows["input_ids"].clone()
@@ -75,23 +78,22 @@ def augment_windows(
         # One uniform draw per chosen position picks among the K candidates (TinyBERT samples uniformly).
         picks = torch.randint(0, top_k, ids.shape, generator=generator)
         for begin in range(0, len(ids), batch_size):
-            rows = slice(begin, begin + batch_size)
-            batch_chosen = chosen[rows]
+            rows = by_length[begin : begin + batch_size]
+            length = int(lengths[rows].max())
+            batch_chosen = chosen[rows, :length]
             if not batch_chosen.any():
                 continue
-            masked = ids[rows].masked_fill(batch_chosen, tokenizer.mask_token_id)
-            inputs = {"input_ids": masked.to(device), "attention_mask": windows["attention_mask"][rows].to(device)}
+            batch_ids = ids[rows, :length]
+            inputs = {"input_ids": batch_ids.masked_fill(batch_chosen, tokenizer.mask_token_id).to(device),
+                      "attention_mask": windows["attention_mask"][rows, :length].to(device)}
             if "token_type_ids" in windows and getattr(mlm.config, "type_vocab_size", 0) > 1:
-                inputs["token_type_ids"] = windows["token_type_ids"][rows].to(device)
+                inputs["token_type_ids"] = windows["token_type_ids"][rows, :length].to(device)
             hidden = mlm.base_model(**inputs).last_hidden_state
-            where = batch_chosen.to(device)
-            logits = head(hidden[where])
-            logits = logits.float().masked_fill(banned, float("-inf"))
+            logits = head(hidden[batch_chosen.to(device)]).float().masked_fill(banned, float("-inf"))
             candidates = logits.topk(top_k, dim=-1).indices
-            replacement = candidates.gather(1, picks[rows][batch_chosen].to(device)[:, None]).squeeze(1)
-            block = ids[rows]
-            block[batch_chosen] = replacement.cpu()
-            ids[rows] = block
+            replacement = candidates.gather(1, picks[rows, :length][batch_chosen].to(device)[:, None]).squeeze(1)
+            batch_ids[batch_chosen] = replacement.cpu()
+            ids[rows, :length] = batch_ids
         augmented_ids.append(ids)
     out = {name: tensor.repeat(copies, *[1] * (tensor.dim() - 1)) for name, tensor in windows.items()}
     out["input_ids"] = torch.cat(augmented_ids)
