@@ -277,6 +277,12 @@ class TinyBERTObjectiveConfig:
     temperature: float = option(1.0, "Temperature of the prediction-layer soft cross-entropy.", exclusiveMinimum=0.0)
     layer_mapping: str | list[int] = option("uniform", "Teacher layer for each student layer (as student.layer_mapping).")
     projection: bool = option(True, "Learn a linear map student width -> teacher width (needed when they differ).")
+    intermediate_share: float = option(
+        0.5,
+        "TinyBERT's two steps: this share of distill_squad.train.epochs trains the intermediate layers only "
+        "(attention scores, hidden states, embeddings; no gold spans), the rest the prediction layer with the gold "
+        "spans and the other objectives. 0: every term together in one run.", minimum=0.0, maximum=0.99,
+    )
 
 
 @dataclass
@@ -550,10 +556,11 @@ class StudyConfig:
     seeds: list[int] = option([1, 2, 3, 4, 5], "Seeds of every variant (head initialisation and data order).")
     variants: list[Literal["ce_only", "distilbert", "pkd_skip", "pkd_last", "tinybert"]] = option(
         list(STUDY_VARIANTS),
-        "ce_only: gold spans only (student_finetune); distilbert: distill_squad as configured; pkd_skip / "
+        "ce_only: gold spans only (student_finetune); distilbert: the DistilBERT soft-target loss; pkd_skip / "
         "pkd_last: distilbert plus the PKD patient loss on the Skip / Last teacher layers; tinybert: TinyBERT's "
-        "two steps, intermediate layers (attention, hidden states, embeddings) for half the epochs, then the "
-        "prediction layer (with the gold spans) for the other half. Every variant trains for the same epochs.",
+        "two steps, intermediate layers (attention, hidden states, embeddings) for tinybert.intermediate_share of "
+        "the epochs, then the prediction layer (with the gold spans). Each variant keeps every other distill_squad "
+        "setting as configured, so all train for the same epochs.",
     )
     confidence: float = option(0.95, "Level of the intervals (Student's t over seeds).", exclusiveMinimum=0.0,
                                maximum=0.999)

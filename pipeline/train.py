@@ -476,6 +476,7 @@ def train(
     fingerprint: str,
     description: str = "train",
     example_lengths: Sequence[int] | None = None,
+    final: bool = True,
 ) -> TrainResult:
     """Train `module` (every parameter that requires grad) by minimising compute_loss(batch)["loss"].
 
@@ -483,7 +484,8 @@ def train(
     named loss terms; every term is logged. Tokens per second count the batch's attention_mask (or input_ids).
 
     Under a launcher with several processes, ranks other than 0 end their process when training is done:
-    evaluation and every output are rank 0's.
+    evaluation and every output are rank 0's. A stage that trains again afterwards (a first phase) passes
+    ``final=False``: every rank then returns and the process group stays up.
     """
     if len(examples) == 0:
         raise ValueError(f"{description}: no training examples")
@@ -607,8 +609,13 @@ def train(
         effective_batch_size=effective_batch,
         mixed_precision=precision,
     )
-    if group.distributed:
+    if group.distributed and final:
         torch.distributed.destroy_process_group()
         if not group.is_main:
             sys.exit(0)
     return result
+
+
+def is_main_process() -> bool:
+    """Rank 0 under a launcher, or the only process: the one that writes shared files."""
+    return process_group_from_env().is_main

@@ -7,14 +7,6 @@ for _run in STUDY_RUNS:  # a run config that does not validate stops here, befor
     from_dict(PipelineConfig, study_stage.run_config(FULL, _run, CFG.study.seeds[0]))
 
 
-def study_student(wildcards):
-    """TinyBERT's prediction-layer step starts from its intermediate-layer step; every other run from the
-    distilled student of the default DAG."""
-    if wildcards.run == "tinybert":
-        return f"{ROOT}/study/{study_stage.TINYBERT_FIRST_STEP}/seed{wildcards.seed}"
-    return f"{ROOT}/distill_pretrain/main"
-
-
 def study_run_config(wildcards):
     chosen = study_stage.run_config(FULL, wildcards.run, int(wildcards.seed))
     sections = {name: chosen[name] for name in ("seed", "squad", "distill_squad")}
@@ -29,7 +21,7 @@ rule study:
 
 rule study_run:
     input:
-        student=study_student,
+        student=f"{ROOT}/distill_pretrain/main",
         teacher=rules.teacher_finetune.output[0],
         mlm_teacher=[MLM_TEACHER] if AUGMENT and TEACHER_FROM_SCRATCH else [],
         data=rules.prepare_data.output[0],

@@ -25,8 +25,9 @@ def run_distill_squad(artifacts, tmp_path, teacher=True, **distill_squad_overrid
 
 
 def logged_terms(tmp_path) -> set[str]:
+    """Every term logged by the run (a two-phase TinyBERT run logs different terms in each phase)."""
     lines = (tmp_path / "out" / "train_log.jsonl").read_text().splitlines()
-    return set(json.loads(lines[-1]))
+    return set().union(*(json.loads(line) for line in lines))
 
 
 @pytest.mark.parametrize(
@@ -41,11 +42,14 @@ def logged_terms(tmp_path) -> set[str]:
 def test_each_objective_trains_end_to_end_and_reports_dev_scores(artifacts, tmp_path, objectives, expected_terms):
     metrics = run_distill_squad(artifacts, tmp_path, objectives=objectives)
     assert metrics["objectives"] == objectives
-    assert 0.0 <= metrics["f1"] <= 100.0 and metrics["steps"] == 4
+    assert 0.0 <= metrics["f1"] <= 100.0
+    # TinyBERT trains its two steps as two runs (4 steps each on this tiny set), the others one.
+    assert metrics["steps"] == (8 if "tinybert" in objectives else 4)
     assert expected_terms <= logged_terms(tmp_path)
     assert metrics["teacher_f1"] == 2.0  # read from the teacher's metrics.json
     assert (tmp_path / "out" / "model.safetensors").is_file()
-    assert metrics["teacher_logits_cached"] == (objectives == ["distilbert"])
+    # Logits suffice for distilbert alone, and for TinyBERT's prediction step unless PKD needs hidden states.
+    assert metrics["teacher_logits_cached"] == ("pkd" not in objectives)
 
 
 def test_teacher_logit_cache_is_reused_across_runs(artifacts, tmp_path):
@@ -305,3 +309,45 @@ def test_task_loss_skips_windows_without_a_gold_span():
     assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
     none = distill_squad.SquadDistillationLoss.task_loss(out, batch | {"has_gold": torch.zeros(3, dtype=torch.bool)})
     assert none.item() == 0.0 and none.requires_grad  # a batch of augmented windows only: no NaN, no task signal
+
+
+# ---------------------------------------------------------------- TinyBERT's two steps
+
+
+def test_tinybert_trains_intermediate_layers_first_then_the_prediction_layer():
+    cfg = tiny_config(distill_squad={"objectives": ["tinybert", "distilbert"], "train": {"epochs": 3.0},
+                                     "tinybert": {"intermediate_share": 0.25}}).distill_squad
+    (first_name, first), (second_name, second) = distill_squad.training_phases(cfg)
+    assert (first_name, second_name) == ("intermediate", "prediction")
+    assert first.train.epochs == 0.75 and second.train.epochs == 2.25  # the configured budget, split
+    assert first.objectives == ["tinybert"] and first.alpha_task == 0 and first.tinybert.prediction_weight == 0
+    assert min(first.tinybert.attention_weight, first.tinybert.hidden_weight, first.tinybert.embedding_weight) > 0
+    assert second.objectives == ["tinybert", "distilbert"] and second.alpha_task == cfg.alpha_task
+    assert second.tinybert.attention_weight == second.tinybert.hidden_weight == second.tinybert.embedding_weight == 0
+    assert second.tinybert.prediction_weight == cfg.tinybert.prediction_weight
+    assert not distill_squad.logits_suffice(first) and distill_squad.logits_suffice(second)
+    # share 0: every term in one run; other objectives: one run.
+    together = tiny_config(distill_squad={"objectives": ["tinybert"], "tinybert": {"intermediate_share": 0}})
+    assert [name for name, _ in distill_squad.training_phases(together.distill_squad)] == ["main"]
+    assert [name for name, _ in distill_squad.training_phases(tiny_config().distill_squad)] == ["main"] or \
+        "tinybert" in tiny_config().distill_squad.objectives
+
+
+def test_a_two_phase_run_logs_both_phases_and_reuses_a_finished_first_phase(artifacts, tmp_path):
+    metrics = run_distill_squad(artifacts, tmp_path, objectives=["tinybert"], train={"epochs": 2.0})
+    phases = metrics["phases"]
+    assert [phase["phase"] for phase in phases] == ["intermediate", "prediction"]
+    assert metrics["steps"] == sum(phase["steps"] for phase in phases) and all(p["steps"] > 0 for p in phases)
+    assert metrics["teacher_logits_cached"]  # the prediction phase reads logits only
+    records = [json.loads(line) for line in (tmp_path / "out" / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == sorted(r["step"] for r in records) and records[-1]["step"] == metrics["steps"]
+    intermediate = [r for r in records if r["phase"] == "intermediate"]
+    prediction = [r for r in records if r["phase"] == "prediction"]
+    assert intermediate and prediction
+    assert "tb_hidden" in intermediate[-1] and "tb_prediction" not in intermediate[-1]
+    assert "tb_prediction" in prediction[-1] and "tb_hidden" not in prediction[-1]
+    # A rerun (as after a crash in the second phase) loads the finished first phase instead of training it again.
+    finished = list((tmp_path / "work").glob("intermediate-*.safetensors"))
+    assert len(finished) == 1
+    again = run_distill_squad(artifacts, tmp_path, objectives=["tinybert"], train={"epochs": 2.0})
+    assert again["phases"][0] == phases[0] and again["f1"] == metrics["f1"]

@@ -16,24 +16,21 @@ from tests.stage_fixtures import tiny_config
 
 def test_each_variant_changes_only_its_objectives_and_the_seed():
     full = to_dict(tiny_config())
-    epochs = full["distill_squad"]["train"]["epochs"]
     configs = {run: study.run_config(full, run, 7) for run in study.run_names(list(STUDY_VARIANTS))}
-    assert list(configs) == ["ce_only", "distilbert", "pkd_skip", "pkd_last", "tinybert_intermediate", "tinybert"]
+    assert list(configs) == ["ce_only", "distilbert", "pkd_skip", "pkd_last", "tinybert"]
     for run, config in configs.items():
         assert config["seed"] == 7
         from_dict(PipelineConfig, config)  # every run config validates
         assert {k: v for k, v in config.items() if k not in ("seed", "distill_squad")} == \
             {k: v for k, v in full.items() if k not in ("seed", "distill_squad")}
-    assert configs["distilbert"]["distill_squad"] == full["distill_squad"]
+        # Only the objectives (and PKD's scheme) differ: the same budget, weights and augmentation for all.
+        changed = {k for k in full["distill_squad"] if config["distill_squad"][k] != full["distill_squad"][k]}
+        assert changed <= {"objectives", "pkd"}
+    assert configs["distilbert"]["distill_squad"]["objectives"] == ["distilbert"]
     assert configs["pkd_skip"]["distill_squad"]["objectives"] == ["distilbert", "pkd"]
     assert configs["pkd_skip"]["distill_squad"]["pkd"]["scheme"] == "skip"
     assert configs["pkd_last"]["distill_squad"]["pkd"]["scheme"] == "last"
-    first, second = configs["tinybert_intermediate"]["distill_squad"], configs["tinybert"]["distill_squad"]
-    assert first["train"]["epochs"] + second["train"]["epochs"] == epochs  # the same budget as the others
-    assert first["alpha_task"] == 0 and first["tinybert"]["prediction_weight"] == 0
-    assert first["tinybert"]["hidden_weight"] > 0 and first["tinybert"]["attention_weight"] > 0
-    assert second["tinybert"]["prediction_weight"] > 0
-    assert second["tinybert"]["hidden_weight"] == second["tinybert"]["attention_weight"] == 0
+    assert configs["tinybert"]["distill_squad"]["objectives"] == ["tinybert"]
     assert full["distill_squad"]["objectives"] == tiny_config().distill_squad.objectives  # the input is not changed
 
 

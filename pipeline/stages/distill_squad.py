@@ -23,16 +23,18 @@ import logging
 import os
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
+from safetensors.torch import load_model, save_file, save_model
 from transformers import AutoModelForMaskedLM, AutoTokenizer, BertForQuestionAnswering, DistilBertForQuestionAnswering
 
 from pipeline import qa
 from pipeline.augment import augment_windows
-from pipeline.artifacts import atomic_output_dir, atomic_write_json, fingerprint, read_json, setup_logging, to_plain
+from pipeline.artifacts import atomic_output_dir, atomic_write_json, atomic_write_text, fingerprint, read_json
+from pipeline.artifacts import setup_logging, to_plain
 from pipeline.artifacts import verify_input_dirs
 from pipeline.config import ConfigError, DistillSquadConfig, PipelineConfig, config_from_json
 from pipeline.data import load_squad
@@ -49,11 +51,10 @@ from pipeline.losses import (
 )
 from pipeline.stages.distill_pretrain import freeze
 from pipeline.students import LayerMappingError, teacher_layers_for_student
-from pipeline.train import prepare_run, train, use_bf16
+from pipeline.train import is_main_process, prepare_run, train, use_bf16
 
 logger = logging.getLogger(__name__)
 
-LOGIT_ONLY_OBJECTIVES = {"distilbert"}  # objectives a cache of teacher logits can serve
 
 
 def distillation_plan(cfg: DistillSquadConfig, student_config, teacher_config) -> dict:
@@ -168,13 +169,47 @@ def _load_teacher_logits(cache_path: Path, window_shape: torch.Size) -> tuple[di
     return logits, float(metadata.get(CACHE_SECONDS_KEY, "0.0"))
 
 
+def tinybert_intermediate_weighted(cfg: DistillSquadConfig) -> bool:
+    """Whether TinyBERT's intermediate-layer terms (attention scores, hidden states, embeddings) are trained."""
+    tb = cfg.tinybert
+    return "tinybert" in cfg.objectives and max(tb.attention_weight, tb.hidden_weight, tb.embedding_weight) > 0
+
+
+def logits_suffice(cfg: DistillSquadConfig) -> bool:
+    """Whether the teacher's start/end logits are all the objectives read (then they can be cached)."""
+    return set(cfg.objectives) <= {"distilbert", "tinybert"} and not tinybert_intermediate_weighted(cfg)
+
+
+def training_phases(cfg: DistillSquadConfig) -> list[tuple[str, DistillSquadConfig]]:
+    """(name, config) of each training run distill_squad makes, in order.
+
+    TinyBERT's task distillation is two steps (Jiao et al. 2019): intermediate layers first (attention scores,
+    hidden states, embeddings; no gold spans, no prediction layer), then the prediction layer. With
+    ``tinybert.intermediate_share`` s > 0 the first step takes s of ``train.epochs`` and the second the rest,
+    with every other configured objective and the gold-span CE; s = 0 trains every term together in one run.
+    """
+    tb = cfg.tinybert
+    if "tinybert" not in cfg.objectives or tb.intermediate_share == 0:
+        return [("main", cfg)]
+    epochs = cfg.train.epochs
+    intermediate = replace(
+        cfg, objectives=["tinybert"], alpha_task=0.0, tinybert=replace(tb, prediction_weight=0.0),
+        train=replace(cfg.train, epochs=epochs * tb.intermediate_share),
+    )
+    prediction = replace(
+        cfg, tinybert=replace(tb, attention_weight=0.0, hidden_weight=0.0, embedding_weight=0.0),
+        train=replace(cfg.train, epochs=epochs * (1 - tb.intermediate_share)),
+    )
+    return [("intermediate", intermediate), ("prediction", prediction)]
+
+
 class SquadDistillationLoss:
     """compute_loss(batch) for the training loop: the task loss plus each configured objective."""
 
     def __init__(self, student, teacher, cfg: DistillSquadConfig, plan: dict, projection, sep_token_id: int):
         self.student, self.teacher, self.cfg, self.plan = student, teacher, cfg, plan
         self.projection, self.sep_token_id = projection, sep_token_id
-        self.needs_hidden = bool({"pkd", "tinybert"} & set(cfg.objectives))
+        self.needs_hidden = "pkd" in cfg.objectives or tinybert_intermediate_weighted(cfg)
 
     @staticmethod
     def task_loss(student_out, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -228,16 +263,21 @@ class SquadDistillationLoss:
                 terms["tb_attention"] = tinybert_attention_loss(
                     student_scores.scores, [teacher_scores.scores[t] for t in layers], mask)
                 total = total + tb.attention_weight * terms["tb_attention"]
-            terms["tb_hidden"] = tinybert_hidden_loss(
-                list(student_out.hidden_states[1:]), [teacher_out.hidden_states[t + 1] for t in layers],
-                self.projection, mask)
-            terms["tb_embedding"] = tinybert_embedding_loss(
-                student_out.hidden_states[0], teacher_out.hidden_states[0], self.projection, mask)
-            start_ce = soft_cross_entropy(student_out.start_logits, teacher_start, tb.temperature)
-            end_ce = soft_cross_entropy(student_out.end_logits, teacher_end, tb.temperature)
-            terms["tb_prediction"] = (start_ce + end_ce) / 2
-            total = (total + tb.hidden_weight * terms["tb_hidden"] + tb.embedding_weight * terms["tb_embedding"]
-                     + tb.prediction_weight * terms["tb_prediction"])
+            # Terms with weight 0 (TinyBERT's prediction-layer step) are skipped: no hidden states are needed then.
+            if tb.hidden_weight > 0:
+                terms["tb_hidden"] = tinybert_hidden_loss(
+                    list(student_out.hidden_states[1:]), [teacher_out.hidden_states[t + 1] for t in layers],
+                    self.projection, mask)
+                total = total + tb.hidden_weight * terms["tb_hidden"]
+            if tb.embedding_weight > 0:
+                terms["tb_embedding"] = tinybert_embedding_loss(
+                    student_out.hidden_states[0], teacher_out.hidden_states[0], self.projection, mask)
+                total = total + tb.embedding_weight * terms["tb_embedding"]
+            if tb.prediction_weight > 0:
+                start_ce = soft_cross_entropy(student_out.start_logits, teacher_start, tb.temperature)
+                end_ce = soft_cross_entropy(student_out.end_logits, teacher_end, tb.temperature)
+                terms["tb_prediction"] = (start_ce + end_ce) / 2
+                total = total + tb.prediction_weight * terms["tb_prediction"]
         return {"loss": total, **{name: value.detach() for name, value in terms.items()}}
 
 
@@ -272,6 +312,40 @@ def add_augmented_windows(
     combined["has_gold"] = torch.cat([torch.ones(len(windows["input_ids"]), dtype=torch.bool),
                                       torch.zeros(len(augmented["input_ids"]), dtype=torch.bool)])
     return combined
+
+
+def phase_log(work_dir: Path, phase: str, n_phases: int) -> Path:
+    return work_dir / ("train_log.jsonl" if n_phases == 1 else f"train_log-{phase}.jsonl")
+
+
+def write_combined_log(work_dir: Path, phases: list[str], out_path: Path) -> None:
+    """One train_log.jsonl for the stage: a two-phase run's records carry their phase, steps counted on."""
+    if len(phases) == 1:
+        shutil.copy(phase_log(work_dir, phases[0], 1), out_path)
+        return
+    lines, offset = [], 0
+    for phase in phases:
+        records = [json.loads(line) for line in phase_log(work_dir, phase, 2).read_text().splitlines() if line]
+        lines += [json.dumps({**record, "step": record["step"] + offset, "phase": phase}) for record in records]
+        offset += records[-1]["step"] if records else 0
+    atomic_write_text(out_path, "\n".join(lines) + "\n")
+
+
+def combine_phase_metrics(phase_results: list[dict], cache_seconds: float) -> dict:
+    """The stage's training metrics over its phases. Time and throughput include the teacher-logit cache, so a
+    cached run compares fairly with a live-teacher run."""
+    last = phase_results[-1]
+    seconds = sum(result["train_seconds"] for result in phase_results) + cache_seconds
+    tokens = sum(result["tokens"] for result in phase_results)
+    training = {key: value for key, value in last.items() if key not in ("phase", "tokens")}
+    training["steps"] = sum(result["steps"] for result in phase_results)
+    training["train_seconds"] = round(seconds, 3)
+    training["tokens_per_second"] = round(tokens / max(seconds, 1e-9), 1)
+    training["tokens_per_second_per_process"] = round(training["tokens_per_second"] / last["processes"], 1)
+    if len(phase_results) > 1:
+        training["phases"] = [{key: result[key] for key in ("phase", "steps", "train_seconds", "resumed_from_step")}
+                              for result in phase_results]
+    return training
 
 
 def run(
@@ -317,29 +391,48 @@ def run(
         "distill_squad" if teacher else "student_finetune", to_plain(dcfg), to_plain(cfg.squad), cfg.seed,
         files=[data_dir / "train.jsonl", student_dir] + ([teacher_dir] if teacher_dir else []) + local_mlm,
     )
-    use_cache = teacher is not None and dcfg.cache_teacher_logits and set(dcfg.objectives) <= LOGIT_ONLY_OBJECTIVES
+    phases = training_phases(dcfg) if teacher is not None else [("main", dcfg)]
+    cached_logits: dict[str, torch.Tensor] = {}
     cache_seconds = 0.0
-    if use_cache:
-        # The cache runs in the precision the live teacher would run in during training (bf16 autocast on CUDA).
-        autocast_bf16 = use_bf16(dcfg.train, device)
-        cache_path = work_dir / f"teacher_logits-{run_id}-{'bf16' if autocast_bf16 else 'fp32'}.safetensors"
-        logits, cache_seconds = cached_teacher_logits(
-            teacher, windows, cfg.squad.eval_batch_size, device, cache_path, autocast_bf16
+    phase_results: list[dict] = []
+    for number, (phase, phase_cfg) in enumerate(phases):
+        last = number == len(phases) - 1
+        phase_id = run_id if len(phases) == 1 else fingerprint(run_id, phase)
+        phase_windows = windows
+        use_cache = teacher is not None and phase_cfg.cache_teacher_logits and logits_suffice(phase_cfg)
+        if use_cache:
+            if not cached_logits:
+                # The cache runs in the precision the live teacher would run in during training (bf16 on CUDA).
+                autocast_bf16 = use_bf16(dcfg.train, device)
+                cache_path = work_dir / f"teacher_logits-{run_id}-{'bf16' if autocast_bf16 else 'fp32'}.safetensors"
+                cached_logits, cache_seconds = cached_teacher_logits(
+                    teacher, windows, cfg.squad.eval_batch_size, device, cache_path, autocast_bf16
+                )
+            phase_windows = windows | cached_logits
+        finished = work_dir / f"{phase}-{phase_id}.safetensors"  # an earlier phase that a rerun need not repeat
+        if not last and finished.is_file():
+            logger.info("%s: phase %s finished earlier, loading %s", "distill_squad", phase, finished)
+            load_model(trainable, str(finished))
+            with safe_open(str(finished), framework="pt") as handle:
+                phase_results.append(json.loads(handle.metadata()["result"]))
+            continue
+        description = ("distill_squad" if teacher else "student_finetune") + ("" if len(phases) == 1 else f" {phase}")
+        result = train(
+            module=trainable,
+            compute_loss=SquadDistillationLoss(student, teacher, phase_cfg, plan, projection, tokenizer.sep_token_id),
+            examples=list(range(len(phase_windows["input_ids"]))), collate=qa.window_collate(phase_windows),
+            cfg=phase_cfg.train, seed=cfg.seed, device=device,
+            checkpoint_dir=work_dir / ("checkpoints" if len(phases) == 1 else f"checkpoints-{phase}"),
+            log_path=phase_log(work_dir, phase, len(phases)), fingerprint=phase_id, description=description,
+            example_lengths=qa.window_lengths(phase_windows), final=last,
         )
-        windows |= logits
-    loss = SquadDistillationLoss(student, teacher, dcfg, plan, projection, tokenizer.sep_token_id)
-    result = train(
-        module=trainable, compute_loss=loss, examples=list(range(len(windows["input_ids"]))),
-        collate=qa.window_collate(windows), cfg=dcfg.train, seed=cfg.seed, device=device,
-        checkpoint_dir=work_dir / "checkpoints", log_path=work_dir / "train_log.jsonl", fingerprint=run_id,
-        description="distill_squad" if teacher else "student_finetune", example_lengths=qa.window_lengths(windows),
-    )
+        phase_results.append({"phase": phase, **result.as_metrics(), "tokens": result.tokens_per_second * result.train_seconds})
+        if not last and is_main_process():
+            tmp = finished.with_name(f"{finished.name}.tmp-{os.getpid()}")
+            save_model(trainable, str(tmp), metadata={"result": json.dumps(phase_results[-1])})
+            tmp.replace(finished)
     dev_metrics, predictions = qa.evaluate_qa(student, tokenizer, dev, cfg.squad, device)
-    training = result.as_metrics()
-    # Time and throughput include the teacher-logit cache, so a cached run compares fairly with a live-teacher run.
-    train_seconds = result.train_seconds + cache_seconds
-    training["train_seconds"] = round(train_seconds, 3)
-    training["tokens_per_second"] = round(result.tokens_per_second * result.train_seconds / max(train_seconds, 1e-9), 1)
+    training = combine_phase_metrics(phase_results, cache_seconds)
     metrics = {
         **dev_metrics,
         **training,
@@ -361,7 +454,7 @@ def run(
         student.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         atomic_write_json(tmp / "predictions.json", predictions)
-        shutil.copy(work_dir / "train_log.jsonl", tmp / "train_log.jsonl")
+        write_combined_log(work_dir, [phase for phase, _ in phases], tmp / "train_log.jsonl")
         atomic_write_json(tmp / "metrics.json", metrics)
     logger.info("%s: %s", "distill_squad" if teacher else "student_finetune", json.dumps(metrics))
     return metrics

@@ -11,7 +11,7 @@ variant (config section `study`) over N seeds from the same distilled student an
   - per variant: training seconds (mean), as the runs measured them on this machine.
 
 Run configs (`run_config`): each variant is distill_squad's config with its objectives changed and the seed
-replaced; TinyBERT runs in two steps with half the epochs each (intermediate layers, then prediction layer).
+replaced; TinyBERT runs its two steps (intermediate layers, then prediction layer) as two phases of one run.
 
   python -m pipeline study-summary --config-json CFG --runs-dir artifacts/study --data-dir artifacts/data
       --teacher-dir artifacts/teacher --out-dir artifacts/study   (writes summary.md, then summary.json)
@@ -34,42 +34,31 @@ from pipeline.config import PipelineConfig, config_from_json
 logger = logging.getLogger(__name__)
 
 BASELINE = "ce_only"
-TINYBERT_FIRST_STEP = "tinybert_intermediate"
 
 
 # ------------------------------------------------------------------------------------------- run configs
 
 
 def run_names(variants: list[str]) -> list[str]:
-    """The training runs behind the variants: TinyBERT's first step is a run of its own."""
-    names = []
-    for variant in variants:
-        if variant == "tinybert":
-            names.append(TINYBERT_FIRST_STEP)
-        names.append(variant)
-    return names
+    """The training runs behind the variants: one each (TinyBERT's two steps are phases of one run)."""
+    return list(variants)
 
 
 def run_config(full: dict, run: str, seed: int) -> dict:
-    """The whole config (as a plain dict) of one study run: distill_squad changed for the run, the seed replaced."""
+    """The whole config (as a plain dict) of one study run: distill_squad's objectives set for the run, the seed
+    replaced; every other setting (weights, temperature, budget, augmentation) is the configured one."""
     config = copy.deepcopy(full)
     config["seed"] = seed
     squad_step = config["distill_squad"]
-    half_epochs = squad_step["train"]["epochs"] / 2
     if run == "pkd_skip" or run == "pkd_last":
         squad_step["objectives"] = ["distilbert", "pkd"]  # PKD = (1-alpha) CE + alpha KD + beta PT
         squad_step["pkd"]["scheme"] = "skip" if run == "pkd_skip" else "last"
-    elif run == TINYBERT_FIRST_STEP:
-        squad_step["objectives"] = ["tinybert"]
-        squad_step["alpha_task"] = 0.0  # intermediate layers only: attention scores, hidden states, embeddings
-        squad_step["tinybert"]["prediction_weight"] = 0.0
-        squad_step["train"]["epochs"] = half_epochs
+    elif run == "distilbert":
+        squad_step["objectives"] = ["distilbert"]
     elif run == "tinybert":
-        squad_step["objectives"] = ["tinybert"]  # prediction layer, from the first step's student
-        for term in ("attention_weight", "hidden_weight", "embedding_weight"):
-            squad_step["tinybert"][term] = 0.0
-        squad_step["train"]["epochs"] = half_epochs
-    elif run not in (BASELINE, "distilbert"):
+        # Intermediate layers for tinybert.intermediate_share of the epochs, then the prediction layer.
+        squad_step["objectives"] = ["tinybert"]
+    elif run != BASELINE:
         raise ValueError(f"unknown study run {run!r}")
     return config
 
@@ -130,9 +119,6 @@ def summarize(cfg: PipelineConfig, runs_dir: Path, gold: dict[str, list[str]], t
             "train_seconds_mean": round(float(np.mean([by_seed[s]["train_seconds"] or 0 for s in scfg.seeds])), 1),
             "f1_relative_to_teacher": None if not teacher_f1 else round(float(np.mean(f1)) / teacher_f1, 4),
         }
-        if variant == "tinybert":  # its first step's time belongs to its budget too
-            first = [read_run(runs_dir / TINYBERT_FIRST_STEP / f"seed{s}")["train_seconds"] or 0 for s in scfg.seeds]
-            entry["train_seconds_mean"] = round(entry["train_seconds_mean"] + float(np.mean(first)), 1)
         if variant != BASELINE:
             differences = [by_seed[seed]["f1"] - runs[BASELINE][seed]["f1"] for seed in scfg.seeds]
             paired = interval(differences, scfg.confidence)
