@@ -14,9 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-from transformers import BertConfig, BertForMaskedLM, DistilBertConfig, DistilBertForMaskedLM
+# torch and transformers are imported where a model is built: the Snakefile checks layer mappings with this
+# module while it plans the DAG, and importing them there would add seconds to every snakemake call.
+if TYPE_CHECKING:
+    import torch
+    from transformers import BertConfig, BertForMaskedLM, DistilBertConfig, DistilBertForMaskedLM
 
 DEFAULT_MAPPING_KEY = "student.layer_mapping"
 
@@ -153,6 +157,8 @@ def student_config_from_teacher(teacher_config: BertConfig, n_layers: int | None
     token-type embeddings and no pooler; positions are learned (not sinusoidal) so they can be
     copied from the teacher.
     """
+    from transformers import DistilBertConfig
+
     if n_layers is None:
         n_layers = max(1, teacher_config.num_hidden_layers // 2)
     return DistilBertConfig(
@@ -273,6 +279,8 @@ def init_student_from_teacher(
     embedding output equals the teacher's exactly. (The DistilBERT reference drops the row;
     the first layers then see a constant shift they must unlearn.)
     """
+    from transformers import DistilBertForMaskedLM
+
     teacher_config = teacher.config
     _check_student_fits_teacher(teacher_config, student_config)
     teacher_layers = teacher_layers_for_student(
@@ -294,6 +302,9 @@ def random_student(student_config: DistilBertConfig, seed: int) -> DistilBertFor
 
     The global RNG is left untouched so that seeding here does not change anything else.
     """
+    import torch
+    from transformers import DistilBertForMaskedLM
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return DistilBertForMaskedLM(student_config)
@@ -321,6 +332,8 @@ def _check_student_fits_teacher(teacher_config: BertConfig, student_config: Dist
 
 def _check_tying_is_consistent(teacher_state: Mapping[str, torch.Tensor], student_config: DistilBertConfig) -> None:
     """A tied student holds one tensor for embeddings and decoder, so the teacher's two must agree."""
+    import torch
+
     if not student_config.tie_word_embeddings:
         return
     embeddings = teacher_state["bert.embeddings.word_embeddings.weight"]
