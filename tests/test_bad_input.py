@@ -1,7 +1,15 @@
 """Bad input, one case per test: each stops with a one-line error naming the file, key or example, exits
-non-zero, and leaves no output that looks complete. Commands run as Snakemake runs them (`python -m pipeline`)."""
+non-zero, and leaves no output that looks complete.
 
+Commands go through `pipeline.__main__.main`, the dispatcher that turns a handled error into exit status 2 and
+one `error:` line. Each command is also run once as Snakemake runs it (`python -m pipeline` in a process of its
+own); the other cases call the same dispatcher in this process, which saves an interpreter start (seconds) each.
+"""
+
+import contextlib
+import io
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -18,8 +26,26 @@ CONTEXT = "Paris is the capital of France. Lyon is the third city."  # "France" 
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
+    """`python -m pipeline ARGS` in a process of its own, as a Snakemake rule runs it."""
     return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=PROJECT_ROOT, capture_output=True,
                           text=True, timeout=300)
+
+
+def run_cli_here(*args: str) -> subprocess.CompletedProcess:
+    """The same command through the same dispatcher, in this process: its return value is the exit status."""
+    from pipeline.__main__ import main
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level  # stages reconfigure logging; leave it as it was
+    stdout, stderr = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            returncode = main(list(args))
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    return subprocess.CompletedProcess(["python", "-m", "pipeline", *args], returncode, stdout.getvalue(),
+                                       stderr.getvalue())
 
 
 def last_error_line(completed: subprocess.CompletedProcess) -> str:
@@ -36,8 +62,9 @@ def assert_one_line_error(completed: subprocess.CompletedProcess, *needles: str)
     return line
 
 
-def prepare_data(config: dict, out_dir: Path) -> subprocess.CompletedProcess:
-    return run_cli("prepare-data", "--config-json", json.dumps(config), "--out-dir", str(out_dir))
+def prepare_data(config: dict, out_dir: Path, own_process: bool = False) -> subprocess.CompletedProcess:
+    run = run_cli if own_process else run_cli_here
+    return run("prepare-data", "--config-json", json.dumps(config), "--out-dir", str(out_dir))
 
 
 def squad_file(path: Path, qas: list, context: str = CONTEXT) -> str:
@@ -109,7 +136,8 @@ def test_a_missing_local_squad_file_is_reported_by_snakemake_before_any_job(tmp_
 
 def test_a_missing_squad_file_names_it(tmp_path):
     config = {"data": {"squad": str(tmp_path / "absent.json"), "squad_dev": str(tmp_path / "absent.json")}}
-    assert_one_line_error(prepare_data(config, tmp_path / "out"), "absent.json: file not found")
+    completed = prepare_data(config, tmp_path / "out", own_process=True)
+    assert_one_line_error(completed, "absent.json: file not found")
     assert not (tmp_path / "out").exists()
 
 
@@ -216,8 +244,8 @@ def small_bundle(tmp_path) -> Path:
 def test_a_corrupted_onnx_model_handed_to_answer_is_named(small_bundle, tmp_path):
     questions = tmp_path / "questions.json"
     questions.write_text(json.dumps([{"id": "q1", "question": "Paris?", "context": "Paris. France."}]))
-    completed = run_cli("answer", "--bundle", str(small_bundle), "--json", str(questions), "--out",
-                        str(tmp_path / "answers.json"))
+    completed = run_cli_here("answer", "--bundle", str(small_bundle), "--json", str(questions), "--out",
+                             str(tmp_path / "answers.json"))
     assert_one_line_error(completed, "model.int8.onnx: not a loadable ONNX model", "INVALID_PROTOBUF")
     assert not (tmp_path / "answers.json").exists()
 
