@@ -192,8 +192,7 @@ rule teacher_finetune:
     benchmark:
         f"{ROOT}/benchmarks/teacher_finetune.tsv"
     priority: 2  # the chain to distill_squad is the critical path; exports fill idle cores
-    # Half the cores: it runs beside distill_pretrain, which needs only the MLM teacher (see PAIRED_THREADS).
-    threads: PAIRED_THREADS
+    threads: workflow.cores
     resources:
         **TRAIN_RESOURCES,
     shell:

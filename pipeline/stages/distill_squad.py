@@ -185,20 +185,23 @@ def training_phases(cfg: DistillSquadConfig) -> list[tuple[str, DistillSquadConf
 
     TinyBERT's task distillation is two steps (Jiao et al. 2019): intermediate layers first (attention scores,
     hidden states, embeddings; no gold spans, no prediction layer), then the prediction layer. With
-    ``tinybert.intermediate_share`` s > 0 the first step takes s of ``train.epochs`` and the second the rest,
+    ``tinybert.intermediate_share`` s > 0 the first step takes s of ``train.epochs`` (or of ``max_steps``) and
+    the second the rest,
     with every other configured objective and the gold-span CE; s = 0 trains every term together in one run.
     """
     tb = cfg.tinybert
     if "tinybert" not in cfg.objectives or tb.intermediate_share == 0:
         return [("main", cfg)]
-    epochs = cfg.train.epochs
+    epochs, steps = cfg.train.epochs, cfg.train.max_steps
+    first_steps = max(1, round(steps * tb.intermediate_share)) if steps else None
     intermediate = replace(
         cfg, objectives=["tinybert"], alpha_task=0.0, tinybert=replace(tb, prediction_weight=0.0),
-        train=replace(cfg.train, epochs=epochs * tb.intermediate_share),
+        train=replace(cfg.train, epochs=epochs * tb.intermediate_share, max_steps=first_steps),
     )
     prediction = replace(
         cfg, tinybert=replace(tb, attention_weight=0.0, hidden_weight=0.0, embedding_weight=0.0),
-        train=replace(cfg.train, epochs=epochs * (1 - tb.intermediate_share)),
+        train=replace(cfg.train, epochs=epochs * (1 - tb.intermediate_share),
+                      max_steps=max(1, steps - first_steps) if steps else None),
     )
     return [("intermediate", intermediate), ("prediction", prediction)]
 
