@@ -14,3 +14,12 @@ def squad2_dev_sample() -> Path:
     if not SHARED_SQUAD_SAMPLE.is_file():
         pytest.skip(f"real SQuAD sample not found at {SHARED_SQUAD_SAMPLE} (../shared is absent)")
     return SHARED_SQUAD_SAMPLE
+
+
+@pytest.fixture(scope="session")
+def exported_student(tmp_path_factory) -> dict:
+    """The tiny student exported, quantized, converted to CoreML and bundled once for the whole session (read only):
+    tests/test_export.py and tests/test_web_client.py both check these files."""
+    from tests.stage_fixtures import export_tiny_student
+
+    return export_tiny_student(tmp_path_factory.mktemp("exported_student"))

@@ -68,3 +68,32 @@ def tiny_qa_model_dir(root: Path, paths: dict[str, Path], cfg: PipelineConfig, d
     atomic_write_json(out / "predictions.json", predictions)
     atomic_write_json(out / "metrics.json", metrics)
     return out
+
+
+# Random tiny models have near-flat logits, so int8 rounding flips many answers: the export stages run with the
+# compressed-variant gates relaxed (tests/test_export.py exercises the gates on their own), every CoreML variant,
+# and the whole int8 search grid at per-channel scales (every graph, both formats, both attention settings).
+EXPORT_RELAXED = {
+    "gates": {"min_answer_agreement": 0.0, "max_f1_drop": 100.0},
+    "coreml": {"sequence_lengths": [64, 128], "variants": ["fp16", "int8", "4bit"]},
+    "quantize": {"search_graphs": ["plain", "fused", "fused-no-attention"], "search_formats": ["qoperator", "qdq"],
+                 "search_per_channel": [True], "search_attention_int8": [False, True]},
+}
+
+
+def export_tiny_student(root: Path) -> dict:
+    """A tiny random DistilBERT student through export_onnx, quantize_onnx, export_coreml and bundle (the pipeline's
+    own stages), with the data, tokenizer and teacher it was built from. Callers read these files; they never
+    change them (tests that damage a file damage a copy)."""
+    from pipeline.stages import bundle, export_coreml, export_onnx, quantize
+
+    cfg = tiny_config(export=EXPORT_RELAXED)
+    paths = build_tiny_artifacts(root, cfg)
+    student = tiny_qa_model_dir(root, paths, cfg, distilbert=True)
+    export_onnx.run(cfg, student, paths["data"], root / "onnx_student")
+    quantize.run(cfg, root / "onnx_student", student, paths["data"], root / "quantized")
+    export_coreml.run(cfg, student, paths["data"], root / "coreml")
+    bundle.run(cfg, root / "quantized", root / "coreml", student, paths["data"], root / "bundle")
+    return {"root": root, "cfg": cfg, "paths": paths, "data": paths["data"], "student": student,
+            "onnx_student": root / "onnx_student", "quantized": root / "quantized", "coreml": root / "coreml",
+            "bundle": root / "bundle"}

@@ -11,32 +11,23 @@ import pytest
 from pipeline import mobile
 from pipeline.artifacts import verify_manifest
 from pipeline.gates import GateError
-from pipeline.stages import bundle, export_coreml, export_onnx, quantize, reference
+from pipeline.stages import export_coreml, export_onnx, quantize, reference
 from tests.conftest import PROJECT_ROOT
-from tests.stage_fixtures import build_tiny_artifacts, tiny_config, tiny_qa_model_dir
+from tests.stage_fixtures import EXPORT_RELAXED, tiny_config, tiny_qa_model_dir
 
-# Random tiny models have near-flat logits, so int8 rounding flips many answers: these tests check what the
-# stages build and record, and the compressed-variant gates are exercised on their own below.
-RELAXED = {"gates": {"min_answer_agreement": 0.0, "max_f1_drop": 100.0},
-           "coreml": {"sequence_lengths": [64, 128], "variants": ["fp16", "int8", "4bit"]}}
+# The shared student export (tests/conftest.py::exported_student) runs with the compressed-variant gates relaxed,
+# every CoreML variant and the whole int8 grid (tests/stage_fixtures.py::EXPORT_RELAXED); the gates are exercised on
+# their own below.
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
+def built(exported_student, tmp_path_factory):
+    """The shared student export, plus the tiny teacher's ONNX export."""
     root = tmp_path_factory.mktemp("export")
-    cfg = tiny_config(export=RELAXED)
-    paths = build_tiny_artifacts(root, cfg)
-    student = tiny_qa_model_dir(root, paths, cfg, distilbert=True)
+    cfg, paths = exported_student["cfg"], exported_student["paths"]
     teacher = tiny_qa_model_dir(root, paths, cfg, distilbert=False)
-    outputs = {"cfg": cfg, "data": paths["data"], "student": student, "teacher": teacher}
-    for name, model_dir in (("student", student), ("teacher", teacher)):
-        export_onnx.run(cfg, model_dir, paths["data"], root / f"onnx_{name}")
-        outputs[f"onnx_{name}"] = root / f"onnx_{name}"
-    quantize.run(cfg, root / "onnx_student", student, paths["data"], root / "quantized")
-    export_coreml.run(cfg, student, paths["data"], root / "coreml")
-    bundle.run(cfg, root / "quantized", root / "coreml", student, paths["data"], root / "bundle")
-    outputs.update(quantized=root / "quantized", coreml=root / "coreml", bundle=root / "bundle")
-    return outputs
+    export_onnx.run(cfg, teacher, paths["data"], root / "onnx_teacher")
+    return {**exported_student, "teacher": teacher, "onnx_teacher": root / "onnx_teacher"}
 
 
 def dev_examples(data_dir):
@@ -145,7 +136,7 @@ def test_each_int8_recipe_builds_the_graph_it_names(built):
 
 
 def test_the_int8_search_grid_skips_invalid_combinations_and_the_naive_duplicate():
-    cfg = tiny_config().export.quantize
+    cfg = tiny_config(export={"quantize": EXPORT_RELAXED["quantize"]}).export.quantize
     cfg.search_per_channel = [False, True]
     settings = {"per_channel": False, "reduce_range": False}
     recipes = quantize.int8_recipes(cfg, settings)
@@ -221,7 +212,7 @@ def test_coreml_wrapper_matches_the_model_and_its_fp16_mask_stays_finite(built):
 
 def test_pre_ios18_packages_take_input_ids_only_and_derive_the_mask(built, tmp_path):
     cfg = tiny_config(export={"coreml": {"minimum_deployment_target": "iOS17", "sequence_lengths": [64, 128],
-                                         "variants": ["fp16", "4bit"]}, "gates": RELAXED["gates"]})
+                                         "variants": ["fp16", "4bit"]}, "gates": EXPORT_RELAXED["gates"]})
     report = export_coreml.run(cfg, built["student"], built["data"], tmp_path / "coreml")
     for variant in ("fp16", "4bit"):
         package = report["packages"][variant]
@@ -267,7 +258,8 @@ def test_reference_stage_runs_the_whole_path_on_a_small_stand_in(built, tmp_path
         return model.num_parameters()
 
     monkeypatch.setattr(reference, "save_full_size", small_distilbert)
-    cfg = tiny_config(export={"reference": {"coreml_sequence_lengths": [32, 64]}})
+    cfg = tiny_config(export={"reference": {"coreml_sequence_lengths": [32, 64]},
+                              "quantize": EXPORT_RELAXED["quantize"]})
     report = reference.run(cfg, "distilbert", tmp_path / "reference")
     assert report["fused_ops"]["Attention"] == 2
     assert set(report["onnx_size_mb"]) == {"fp32", "optimized", *report["int8_recipes"], "int4"}

@@ -17,9 +17,8 @@ from tokenizers import Tokenizer
 
 from pipeline import mobile
 from pipeline.config import BenchmarkConfig
-from pipeline.stages import benchmark_web, bundle, export_coreml, export_onnx, quantize
+from pipeline.stages import benchmark_web
 from tests.conftest import PROJECT_ROOT
-from tests.stage_fixtures import build_tiny_artifacts, tiny_config, tiny_qa_model_dir
 
 CLIENT = PROJECT_ROOT / "clients" / "web"
 NODE = shutil.which("node")
@@ -72,18 +71,10 @@ check_parity = load_script("check_parity")
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """A real bundle of a tiny random DistilBERT (the pipeline's own stages), its dev data and model folder."""
-    root = tmp_path_factory.mktemp("web")
-    cfg = tiny_config(export={"gates": {"min_answer_agreement": 0.0, "max_f1_drop": 100.0},
-                              "coreml": {"sequence_lengths": [64, 128], "variants": ["fp16"]}})
-    paths = build_tiny_artifacts(root, cfg)
-    student = tiny_qa_model_dir(root, paths, cfg, distilbert=True)
-    export_onnx.run(cfg, student, paths["data"], root / "onnx")
-    quantize.run(cfg, root / "onnx", student, paths["data"], root / "quantized")
-    export_coreml.run(cfg, student, paths["data"], root / "coreml")
-    bundle.run(cfg, root / "quantized", root / "coreml", student, paths["data"], root / "bundle")
-    return {"root": root, "bundle": root / "bundle", "data": paths["data"], "student": student}
+def tiny(exported_student):
+    """A real bundle of a tiny random DistilBERT (the pipeline's own stages), its dev data and model folder: the
+    session's shared student export (tests/conftest.py), read only."""
+    return exported_student
 
 
 def dev_questions(data_dir: Path) -> list[dict]:
