@@ -2,21 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from pipeline.data import DataError
+from pipeline.data import read_corpus_lines  # noqa: F401 (the MLM stages read their corpus through here)
 from pipeline.masking import mask_tokens
-
-
-def read_corpus_lines(path: str | Path) -> list[str]:
-    lines = [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines()]
-    lines = [line for line in lines if line]
-    if not lines:
-        raise DataError(f"{path}: the MLM corpus has no non-empty lines")
-    return lines
 
 
 def tokenize_corpus(lines: list[str], tokenizer: Any, max_seq_length: int) -> list[list[int]]:

@@ -18,7 +18,7 @@ import datasets
 from pipeline import synthetic
 from pipeline.artifacts import atomic_output_dir, atomic_write_json, setup_logging
 from pipeline.config import ConfigError, PipelineConfig, config_from_json
-from pipeline.data import load_squad, looks_like_a_path
+from pipeline.data import load_squad, looks_like_a_path, read_corpus_lines
 
 logger = logging.getLogger(__name__)
 
@@ -41,8 +41,6 @@ def squad_sources(cfg: PipelineConfig, synthetic_dir: Path) -> tuple[str, str]:
 
 
 def corpus_lines(cfg: PipelineConfig, synthetic_dir: Path, train: datasets.Dataset) -> list[str]:
-    from pipeline.mlm import read_corpus_lines  # here, not at the top: pipeline.mlm imports torch (seconds)
-
     data = cfg.data
     if data.corpus == "synthetic":
         if data.squad != "synthetic":
