@@ -354,3 +354,4 @@ def test_a_two_phase_run_logs_both_phases_and_reuses_a_finished_first_phase(arti
     assert len(finished) == 1
     again = run_distill_squad(artifacts, tmp_path, objectives=["tinybert"], train={"epochs": 2.0})
     assert again["phases"][0] == phases[0] and again["f1"] == metrics["f1"]
+    assert metrics["resumed_from_step"] == 0 and again["resumed_from_step"] == phases[0]["steps"]

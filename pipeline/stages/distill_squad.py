@@ -340,7 +340,7 @@ def combine_phase_metrics(phase_results: list[dict], cache_seconds: float) -> di
     last = phase_results[-1]
     seconds = sum(result["train_seconds"] for result in phase_results) + cache_seconds
     tokens = sum(result["tokens"] for result in phase_results)
-    training = {key: value for key, value in last.items() if key not in ("phase", "tokens")}
+    training = {key: value for key, value in last.items() if key not in ("phase", "tokens", "reused")}
     training["steps"] = sum(result["steps"] for result in phase_results)
     training["train_seconds"] = round(seconds, 3)
     training["tokens_per_second"] = round(tokens / max(seconds, 1e-9), 1)
@@ -348,6 +348,13 @@ def combine_phase_metrics(phase_results: list[dict], cache_seconds: float) -> di
     if len(phase_results) > 1:
         training["phases"] = [{key: result[key] for key in ("phase", "steps", "train_seconds", "resumed_from_step")}
                               for result in phase_results]
+        # The step of the whole run that a rerun started from: inside a phase, or after a finished one it loaded.
+        training["resumed_from_step"], offset = 0, 0
+        for result in phase_results:
+            if result.get("reused") or result["resumed_from_step"]:
+                training["resumed_from_step"] = offset + (result["steps"] if result.get("reused")
+                                                          else result["resumed_from_step"])
+            offset += result["steps"]
     return training
 
 
@@ -417,7 +424,7 @@ def run(
             logger.info("%s: phase %s finished earlier, loading %s", "distill_squad", phase, finished)
             load_model(trainable, str(finished))
             with safe_open(str(finished), framework="pt") as handle:
-                phase_results.append(json.loads(handle.metadata()["result"]))
+                phase_results.append({**json.loads(handle.metadata()["result"]), "reused": True})
             continue
         description = ("distill_squad" if teacher else "student_finetune") + ("" if len(phases) == 1 else f" {phase}")
         result = train(
