@@ -23,3 +23,11 @@ def exported_student(tmp_path_factory) -> dict:
     from tests.stage_fixtures import export_tiny_student
 
     return export_tiny_student(tmp_path_factory.mktemp("exported_student"))
+
+
+@pytest.fixture(scope="session")
+def dag_run(tmp_path_factory):
+    """The whole DAG on configs/test.yaml, killed once and recovered (tests/dag_run.py); its outputs are read only."""
+    from tests.dag_run import run_dag_killed_and_recovered
+
+    return run_dag_killed_and_recovered(tmp_path_factory.mktemp("dag"))

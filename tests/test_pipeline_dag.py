@@ -1,4 +1,8 @@
-"""Integration: the whole Snakemake DAG on configs/test.yaml, then checks of what it wrote."""
+"""Integration: the whole Snakemake DAG on configs/test.yaml, then checks of what it wrote.
+
+The DAG runs once for the session (tests/dag_run.py), under an output root whose name has spaces and quotes, and
+the hard way: killed with SIGKILL during teacher_pretrain and finished with `--unlock` and `--rerun-incomplete`
+(tests/test_resume_after_kill.py checks that recovery)."""
 
 import json
 import subprocess
@@ -8,21 +12,14 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PROJECT_ROOT
+from tests.dag_run import PRETRAIN_STEPS
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def dag_outputs(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("artifacts")
-    command = [
-        sys.executable, "-m", "snakemake", "--cores", "2", "--snakefile", str(PROJECT_ROOT / "Snakefile"),
-        "--directory", str(PROJECT_ROOT), "--configfile", str(PROJECT_ROOT / "configs" / "test.yaml"),
-        "--config", f"output_root={root}",
-    ]
-    completed = subprocess.run(command, capture_output=True, text=True, timeout=900)
-    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
-    return root
+def dag_outputs(dag_run) -> Path:
+    return dag_run.root
 
 
 def read_metrics(path: Path) -> dict:
@@ -34,7 +31,7 @@ def test_every_stage_wrote_its_outputs_and_metrics(dag_outputs):
     assert data["n_train_examples"] > 0 and data["n_dev_examples"] > 0
     assert read_metrics(dag_outputs / "tokenizer")["vocab_size"] > 5
     pretrain = read_metrics(dag_outputs / "teacher_pretrain")
-    assert pretrain["steps"] == 6 and 0.0 <= pretrain["heldout_mlm_accuracy"] <= 1.0
+    assert pretrain["steps"] == PRETRAIN_STEPS and 0.0 <= pretrain["heldout_mlm_accuracy"] <= 1.0
     teacher = read_metrics(dag_outputs / "teacher")
     assert {"exact_match", "f1", "n_examples", "train_seconds", "tokens_per_second"} <= teacher.keys()
     assert teacher["n_examples"] == data["n_dev_examples"] and 0.0 <= teacher["f1"] <= 100.0
@@ -69,13 +66,8 @@ def test_the_official_style_evaluation_cli_scores_the_teachers_predictions(dag_o
     assert scores["f1"] == pytest.approx(teacher["f1"], abs=1e-3)
 
 
-def test_a_rerun_with_nothing_changed_runs_no_job(dag_outputs):
-    command = [
-        sys.executable, "-m", "snakemake", "--cores", "2", "-n", "--snakefile", str(PROJECT_ROOT / "Snakefile"),
-        "--directory", str(PROJECT_ROOT), "--configfile", str(PROJECT_ROOT / "configs" / "test.yaml"),
-        "--config", f"output_root={dag_outputs}",
-    ]
-    completed = subprocess.run(command, capture_output=True, text=True, check=True)
+def test_a_rerun_with_nothing_changed_runs_no_job(dag_run):
+    completed = subprocess.run(dag_run.snakemake_command("-n"), capture_output=True, text=True, check=True)
     assert "Nothing to be done" in completed.stdout + completed.stderr
 
 
@@ -133,13 +125,9 @@ def test_the_report_summary_follows_its_schema_and_every_timed_artifact_has_numb
     assert "## Goals" in (dag_outputs / "report" / "report.md").read_text()
 
 
-def test_snakemake_builds_its_html_report(dag_outputs, tmp_path):
-    command = [
-        sys.executable, "-m", "snakemake", "--cores", "1", "--snakefile", str(PROJECT_ROOT / "Snakefile"),
-        "--directory", str(PROJECT_ROOT), "--configfile", str(PROJECT_ROOT / "configs" / "test.yaml"),
-        "--config", f"output_root={dag_outputs}", "--report", str(tmp_path / "report.html"),
-    ]
-    completed = subprocess.run(command, capture_output=True, text=True)
+def test_snakemake_builds_its_html_report(dag_run, tmp_path):
+    completed = subprocess.run(dag_run.snakemake_command("--report", str(tmp_path / "report.html")),
+                               capture_output=True, text=True)
     assert completed.returncode == 0, completed.stderr[-2000:]
     assert (tmp_path / "report.html").stat().st_size > 10_000
 
