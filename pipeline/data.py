@@ -20,9 +20,12 @@ import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import datasets
+# datasets is imported where data is loaded, not here: the Snakefile imports this module (local_data_files) while it
+# plans the DAG, and importing datasets there would add about a second to every snakemake call.
+if TYPE_CHECKING:
+    import datasets
 
 logger = logging.getLogger(__name__)
 
@@ -30,19 +33,23 @@ SQUAD_COLUMNS = ("id", "title", "context", "question", "answers")
 ON_BAD_EXAMPLE_CHOICES = ("error", "skip")
 MAX_SKIPPED_REASONS_KEPT = 5  # enough to see the pattern without flooding the report
 
-# The hub "squad" dataset's schema, so local files and hub data give identical datasets.
-SQUAD_FEATURES = datasets.Features(
-    {
-        "id": datasets.Value("string"),
-        "title": datasets.Value("string"),
-        "context": datasets.Value("string"),
-        "question": datasets.Value("string"),
-        "answers": {
-            "text": datasets.List(datasets.Value("string")),
-            "answer_start": datasets.List(datasets.Value("int32")),
-        },
-    }
-)
+
+def squad_features() -> datasets.Features:
+    """The hub "squad" dataset's schema, so local files and hub data give identical datasets."""
+    import datasets
+
+    return datasets.Features(
+        {
+            "id": datasets.Value("string"),
+            "title": datasets.Value("string"),
+            "context": datasets.Value("string"),
+            "question": datasets.Value("string"),
+            "answers": {
+                "text": datasets.List(datasets.Value("string")),
+                "answer_start": datasets.List(datasets.Value("int32")),
+            },
+        }
+    )
 
 
 class DataError(ValueError):
@@ -84,6 +91,8 @@ def load_squad(
     cache_dir: str | None = None,
 ) -> tuple[datasets.Dataset, LoadReport]:
     """Load answerable SQuAD examples from a .json/.jsonl file or a datasets hub name, validating every record."""
+    import datasets
+
     if on_bad_example not in ON_BAD_EXAMPLE_CHOICES:
         raise ValueError(f"on_bad_example must be one of {ON_BAD_EXAMPLE_CHOICES}, got {on_bad_example!r}")
     path = Path(source)
@@ -101,7 +110,7 @@ def load_squad(
     if hub_dataset is not None:
         dataset = hub_dataset.select(kept_rows).select_columns(list(SQUAD_COLUMNS))
     else:
-        dataset = datasets.Dataset.from_list(kept_records, features=SQUAD_FEATURES)
+        dataset = datasets.Dataset.from_list(kept_records, features=squad_features())
     _log_report(report)
     return dataset, report
 
