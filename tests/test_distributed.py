@@ -47,10 +47,28 @@ def distill_command(artifacts: dict, out: Path, processes: int, batch_size: int)
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
+def out_dir(command: list[str]) -> Path:
+    return Path(command[command.index("--out-dir") + 1])
+
+
 def run(command: list[str]) -> dict:
     completed = subprocess.run(command, cwd=PROJECT_ROOT, env=ENV, capture_output=True, text=True, timeout=600)
     assert completed.returncode == 0, completed.stderr[-3000:]
-    return json.loads((Path(command[command.index("--out-dir") + 1]) / "metrics.json").read_text())
+    return json.loads((out_dir(command) / "metrics.json").read_text())
+
+
+def run_side_by_side(commands: list[list[str]], logs: Path) -> list[dict]:
+    """Run the commands at the same time (each process has one thread, so they share the cores without waiting on
+    each other's thread pools); their outputs go to files, so no pipe fills up."""
+    logs.mkdir(parents=True)
+    processes = []
+    for index, command in enumerate(commands):
+        with (logs / f"{index}.log").open("w") as log:
+            processes.append(subprocess.Popen(command, cwd=PROJECT_ROOT, env=ENV, stdout=log,
+                                              stderr=subprocess.STDOUT))
+    for index, process in enumerate(processes):
+        assert process.wait(timeout=600) == 0, (logs / f"{index}.log").read_text()[-3000:]
+    return [json.loads((out_dir(command) / "metrics.json").read_text()) for command in commands]
 
 
 def logged_losses_by_step(run_dir: Path) -> dict[int, float]:
@@ -66,8 +84,9 @@ def logged_losses(run_dir: Path) -> list[float]:
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("distributed")
     artifacts = build_tiny_artifacts(root / "tiny", tiny_config())
-    two = run(distill_command(artifacts, root / "two", processes=2, batch_size=8))
-    one = run(distill_command(artifacts, root / "one", processes=1, batch_size=16))
+    two, one = run_side_by_side([distill_command(artifacts, root / "two", processes=2, batch_size=8),
+                                 distill_command(artifacts, root / "one", processes=1, batch_size=16)],
+                                root / "logs")
     return {"root": root, "artifacts": artifacts, "two": two, "one": one}
 
 
