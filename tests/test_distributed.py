@@ -57,18 +57,24 @@ def run(command: list[str]) -> dict:
     return json.loads((out_dir(command) / "metrics.json").read_text())
 
 
-def run_side_by_side(commands: list[list[str]], logs: Path) -> list[dict]:
-    """Run the commands at the same time (each process has one thread, so they share the cores without waiting on
-    each other's thread pools); their outputs go to files, so no pipe fills up."""
-    logs.mkdir(parents=True)
-    processes = []
-    for index, command in enumerate(commands):
-        with (logs / f"{index}.log").open("w") as log:
-            processes.append(subprocess.Popen(command, cwd=PROJECT_ROOT, env=ENV, stdout=log,
-                                              stderr=subprocess.STDOUT))
-    for index, process in enumerate(processes):
-        assert process.wait(timeout=600) == 0, (logs / f"{index}.log").read_text()[-3000:]
-    return [json.loads((out_dir(command) / "metrics.json").read_text()) for command in commands]
+def start(command: list[str], log: Path, **options) -> subprocess.Popen:
+    """Start a command with its output in a file (no pipe to fill up)."""
+    with log.open("w") as handle:
+        return subprocess.Popen(command, cwd=PROJECT_ROOT, env=ENV, stdout=handle, stderr=subprocess.STDOUT, **options)
+
+
+def kill_after_first_checkpoint(command: list[str], run_dir: Path) -> dict:
+    """Start a 2-process run and SIGKILL torchrun as soon as the first checkpoint exists; what was seen then."""
+    process = start(command, run_dir.parent / f"{run_dir.name}.log", start_new_session=True)
+    checkpoints = run_dir / "work" / "checkpoints"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and process.poll() is None and not list(checkpoints.glob("step-*")):
+        time.sleep(0.05)
+    alive = process.poll() is None
+    if alive:
+        os.killpg(process.pid, signal.SIGKILL)  # torchrun; its ranks, each in a session of its own, die with it
+    process.wait()
+    return {"alive_when_killed": alive, "killed_at": time.monotonic(), "checkpoints": sorted(checkpoints.glob("step-*"))}
 
 
 def logged_losses_by_step(run_dir: Path) -> dict[int, float]:
@@ -82,12 +88,20 @@ def logged_losses(run_dir: Path) -> list[float]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
+    """The uninterrupted 2-process and 1-process runs, and a 2-process run killed after its first checkpoint, all
+    started side by side: each process has one thread, so they share the cores without waiting on each other's
+    thread pools."""
     root = tmp_path_factory.mktemp("distributed")
     artifacts = build_tiny_artifacts(root / "tiny", tiny_config())
-    two, one = run_side_by_side([distill_command(artifacts, root / "two", processes=2, batch_size=8),
-                                 distill_command(artifacts, root / "one", processes=1, batch_size=16)],
-                                root / "logs")
-    return {"root": root, "artifacts": artifacts, "two": two, "one": one}
+    commands = {name: distill_command(artifacts, root / name, processes=processes, batch_size=batch_size)
+                for name, processes, batch_size in (("two", 2, 8), ("one", 1, 16), ("killed", 2, 8))}
+    processes = {name: start(commands[name], root / f"{name}.log") for name in ("two", "one")}
+    killed = kill_after_first_checkpoint(commands["killed"], root / "killed")
+    results = {"root": root, "artifacts": artifacts, "killed": {**killed, "command": commands["killed"]}}
+    for name, process in processes.items():
+        assert process.wait(timeout=600) == 0, (root / f"{name}.log").read_text()[-3000:]
+        results[name] = json.loads((out_dir(commands[name]) / "metrics.json").read_text())
+    return results
 
 
 def test_two_processes_learn_like_one_with_the_same_effective_batch(runs):
@@ -107,33 +121,26 @@ def test_two_processes_learn_like_one_with_the_same_effective_batch(runs):
     assert sorted(p.name for p in (runs["root"] / "two").iterdir()) == ["out", "work"]
 
 
-def test_a_two_process_run_killed_with_sigkill_resumes_to_the_same_weights(runs, tmp_path):
-    command = distill_command(runs["artifacts"], tmp_path, processes=2, batch_size=8)
-    process = subprocess.Popen(command, cwd=PROJECT_ROOT, env=ENV, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, start_new_session=True)
-    checkpoints = tmp_path / "work" / "checkpoints"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and process.poll() is None and not list(checkpoints.glob("step-*")):
-        time.sleep(0.05)
-    assert process.poll() is None, "the run ended before it could be killed; raise STEPS"
-    os.killpg(process.pid, signal.SIGKILL)  # torchrun; its ranks, each in a session of its own, die with it
-    process.wait()
-    checkpoint = next(checkpoints.glob("step-*"))
-    time.sleep(3)
-    assert list(checkpoints.glob("step-*")) == [checkpoint], "a rank outlived its launcher and trained on"
-    assert not (tmp_path / "out").exists()
+def test_a_two_process_run_killed_with_sigkill_resumes_to_the_same_weights(runs):
+    killed, run_dir = runs["killed"], runs["root"] / "killed"
+    assert killed["alive_when_killed"], "the run ended before it could be killed; raise STEPS"
+    checkpoint, = killed["checkpoints"]
+    time.sleep(max(0.0, killed["killed_at"] + 3 - time.monotonic()))  # a surviving rank would checkpoint again by now
+    assert sorted((run_dir / "work" / "checkpoints").glob("step-*")) == [checkpoint], \
+        "a rank outlived its launcher and trained on"
+    assert not (run_dir / "out").exists()
     assert {"rng-rank0.pt", "rng-rank1.pt", "model.safetensors", "manifest.json"} <= {p.name for p in checkpoint.iterdir()}
 
-    resumed = run(command)
+    resumed = run(killed["command"])
     assert resumed["resumed_from_step"] > 0 and resumed["steps"] == STEPS
     # Every rank's RNG and data position came back: the result is the uninterrupted run's, bit for bit.
     reference = load_file(runs["root"] / "two" / "out" / "model.safetensors")
-    weights = load_file(tmp_path / "out" / "model.safetensors")
+    weights = load_file(run_dir / "out" / "model.safetensors")
     assert reference.keys() == weights.keys()
     assert all(torch.equal(reference[name], weights[name]) for name in reference)
     # The log too, except the interval the kill cut: it averages only the steps re-done after the checkpoint.
     cut = -(-resumed["resumed_from_step"] // LOG_EVERY) * LOG_EVERY
-    assert {s: loss for s, loss in logged_losses_by_step(tmp_path).items() if s != cut} == {
+    assert {s: loss for s, loss in logged_losses_by_step(run_dir).items() if s != cut} == {
         s: loss for s, loss in logged_losses_by_step(runs["root"] / "two").items() if s != cut}
 
 
