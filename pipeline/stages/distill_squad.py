@@ -51,7 +51,7 @@ from pipeline.losses import (
 )
 from pipeline.stages.distill_pretrain import freeze
 from pipeline.students import LayerMappingError, teacher_layers_for_student
-from pipeline.train import is_main_process, prepare_run, train, use_bf16
+from pipeline.train import is_main_process, prepare_run, seed_everything, train, use_bf16
 
 logger = logging.getLogger(__name__)
 
@@ -426,6 +426,9 @@ def run(
             with safe_open(str(finished), framework="pt") as handle:
                 phase_results.append({**json.loads(handle.metadata()["result"]), "reused": True})
             continue
+        if number > 0:
+            # The same random state whether or not the first phase ran in this process (a rerun loads it).
+            seed_everything(cfg.seed + number)
         description = ("distill_squad" if teacher else "student_finetune") + ("" if len(phases) == 1 else f" {phase}")
         result = train(
             module=trainable,
