@@ -37,6 +37,17 @@ LIGHT_RESOURCES = {"mem_mb": CFG.compute.light_mem_mb, "gpu": 0}
 # take half the cores each: small models use two threads poorly, so on this 2-core machine two 1-thread jobs
 # finish in about 60 % of the time of one 2-thread job after the other.
 PAIRED_THREADS = max(1, workflow.cores // 2)
+
+
+def training_threads(train_cfg, default):
+    """Cores a training rule asks for: its configured torch threads (cpu_threads) per process when set, so the
+    trained weights do not depend on --cores (float sums differ with the thread count); `default` otherwise."""
+    if train_cfg.cpu_threads:
+        return train_cfg.cpu_threads * CFG.compute.processes
+    return default
+
+
+REFERENCES_BESIDE_TEACHER = training_threads(CFG.teacher.pretrain, workflow.cores) < workflow.cores
 EXPORT_SECTIONS = ("seed", "squad", "export")
 
 
@@ -115,7 +126,7 @@ rule prepare_data:
         f"{ROOT}/logs/prepare_data.log",
     benchmark:
         f"{ROOT}/benchmarks/prepare_data.tsv"
-    priority: 2  # the chain to distill_squad is the critical path; exports fill idle cores
+    priority: 3  # the chain to distill_squad is the critical path; other jobs fill the idle core
     threads: 1
     resources:
         **LIGHT_RESOURCES,
@@ -136,7 +147,7 @@ rule tokenizer:
         f"{ROOT}/logs/tokenizer.log",
     benchmark:
         f"{ROOT}/benchmarks/tokenizer.tsv"
-    priority: 2  # the chain to distill_squad is the critical path; exports fill idle cores
+    priority: 3  # the chain to distill_squad is the critical path; other jobs fill the idle core
     threads: 1
     resources:
         **LIGHT_RESOURCES,
@@ -163,8 +174,8 @@ if TEACHER_FROM_SCRATCH:
             f"{ROOT}/logs/teacher_pretrain.log",
         benchmark:
             f"{ROOT}/benchmarks/teacher_pretrain.tsv"
-        priority: 2  # the chain to distill_squad is the critical path; exports fill idle cores
-        threads: workflow.cores
+        priority: 3  # the chain to distill_squad is the critical path; other jobs fill the idle core
+        threads: training_threads(CFG.teacher.pretrain, workflow.cores)
         resources:
             **TRAIN_RESOURCES,
         shell:
@@ -191,8 +202,8 @@ rule teacher_finetune:
         f"{ROOT}/logs/teacher_finetune.log",
     benchmark:
         f"{ROOT}/benchmarks/teacher_finetune.tsv"
-    priority: 2  # the chain to distill_squad is the critical path; exports fill idle cores
-    threads: workflow.cores
+    priority: 3  # the chain to distill_squad is the critical path; other jobs fill the idle core
+    threads: training_threads(CFG.teacher.finetune, workflow.cores)
     resources:
         **TRAIN_RESOURCES,
     shell:
@@ -215,7 +226,7 @@ rule token_counts:
         f"{ROOT}/logs/token_counts.log",
     benchmark:
         f"{ROOT}/benchmarks/token_counts.tsv"
-    priority: 2  # the chain to distill_squad is the critical path; exports fill idle cores
+    priority: 3  # the chain to distill_squad is the critical path; other jobs fill the idle core
     threads: 1
     resources:
         **LIGHT_RESOURCES,
@@ -242,7 +253,8 @@ rule init_student:
         f"{ROOT}/logs/init_student_{{variant}}.log",
     benchmark:
         f"{ROOT}/benchmarks/init_student_{{variant}}.tsv"
-    priority: 2  # the chain to distill_squad is the critical path; exports fill idle cores
+    # the main student is on the critical path; the random-init ablation waits for idle cores
+    priority: lambda wildcards: 3 if wildcards.variant == "main" else 1
     threads: 1
     resources:
         **LIGHT_RESOURCES,
@@ -272,8 +284,9 @@ rule distill_pretrain:
         f"{ROOT}/logs/distill_pretrain_{{variant}}.log",
     benchmark:
         f"{ROOT}/benchmarks/distill_pretrain_{{variant}}.tsv"
-    priority: 2  # the chain to distill_squad is the critical path; exports fill idle cores
-    threads: PAIRED_THREADS
+    # the main student is on the critical path; the random-init ablation waits for idle cores
+    priority: lambda wildcards: 3 if wildcards.variant == "main" else 1
+    threads: training_threads(CFG.distill_pretrain.train, PAIRED_THREADS)
     resources:
         **TRAIN_RESOURCES,
     shell:
@@ -303,8 +316,8 @@ rule distill_squad:
         f"{ROOT}/logs/distill_squad.log",
     benchmark:
         f"{ROOT}/benchmarks/distill_squad.tsv"
-    priority: 2  # the chain to distill_squad is the critical path; exports fill idle cores
-    threads: PAIRED_THREADS
+    priority: 3  # the chain to distill_squad is the critical path; other jobs fill the idle core
+    threads: training_threads(CFG.distill_squad.train, PAIRED_THREADS)
     resources:
         **TRAIN_RESOURCES,
     shell:
@@ -329,8 +342,8 @@ rule student_finetune:
         f"{ROOT}/logs/student_finetune.log",
     benchmark:
         f"{ROOT}/benchmarks/student_finetune.tsv"
-    priority: 1  # the CE-only baseline: off the critical path, ahead of the exports
-    threads: PAIRED_THREADS
+    priority: 2  # the CE-only baseline: off the critical path, ahead of the exports
+    threads: training_threads(CFG.distill_squad.train, PAIRED_THREADS)
     resources:
         **TRAIN_RESOURCES,
     shell:
@@ -419,7 +432,10 @@ rule export_coreml:
 # (ancient(): ordering only, a retrained teacher does not make them rerun).
 rule export_reference:
     input:
-        after_teacher=ancient(rules.teacher_finetune.output[0]),
+        # Random weights need no trained model: where the teacher stages leave a core free (cpu_threads below
+        # --cores), the references fill it from the start; otherwise they wait, so they never hold back the
+        # teacher, which takes every core.
+        after_teacher=[] if REFERENCES_BESIDE_TEACHER else ancient(rules.teacher_finetune.output[0]),
         code=code("stages/reference", "stages/export_onnx", "stages/quantize", "stages/export_coreml", "mobile",
                   "gates", "qa", "squad", "latency", "data"),
     output:

@@ -124,7 +124,10 @@ class TrainConfig:
         "Batch examples of similar length together (transformers' length-grouped sampling: shuffled mega-batches "
         "of up to 50 batches, each sorted by length), so less compute goes to padding.",
     )
-    cpu_threads: int | None = option(None, "torch intra-op threads on CPU (null: the rule's `threads`).", minimum=1)
+    cpu_threads: int | None = option(
+        None, "torch intra-op threads per training process on CPU, and the cores its Snakemake rule asks for. null: "
+        "the rule's share of --cores, so the trained weights then depend on --cores (float sums differ with the "
+        "thread count); a number keeps a build the same whatever --cores is.", minimum=1)
 
 
 def _default_pretrain() -> TrainConfig:
@@ -495,7 +498,7 @@ class BenchmarkConfig:
     profile_runs: int = option(5, "Runs under onnxruntime's profiler for the per-op breakdown of the int8 graphs.",
                                minimum=1)
     search_runs: int = option(
-        10, "Timed runs per candidate when the full-size DistilBERT int8 variants are searched (longest length, "
+        5, "Timed runs per candidate when the full-size DistilBERT int8 variants are searched (longest length, "
         "1 thread, round-robin).", minimum=3)
     session_options: list[Literal["default", "denormals-as-zero", "extended-graph-level"]] = option(
         ["default", "denormals-as-zero"],

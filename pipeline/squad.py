@@ -205,30 +205,39 @@ def postprocess_predictions(
 def _window_candidates(
     offsets: Sequence, start_logits: np.ndarray, end_logits: np.ndarray, n_best_size: int, max_answer_length: int
 ) -> list[dict[str, Any]]:
-    """Valid spans among the top-n start × top-n end positions of one window."""
-    top_starts = np.argsort(start_logits)[-1 : -n_best_size - 1 : -1].tolist()
-    top_ends = np.argsort(end_logits)[-1 : -n_best_size - 1 : -1].tolist()
-    candidates = []
-    for start in top_starts:
-        for end in top_ends:
-            if not (_is_context_position(offsets, start) and _is_context_position(offsets, end)):
-                continue
-            if end < start or end - start + 1 > max_answer_length:
-                continue
-            candidates.append(
-                {
-                    "char_span": (offsets[start][0], offsets[end][1]),
-                    "score": float(start_logits[start] + end_logits[end]),
-                    "start_logit": float(start_logits[start]),
-                    "end_logit": float(end_logits[end]),
-                }
-            )
-    return candidates
+    """The window's n_best_size best valid spans among its top-n start x top-n end positions, best first.
+
+    Equal scores keep the order of a start-major scan over the top positions, so the overall n-best list (a stable
+    sort of every window's candidates) is the one the reference's nested loops give; a span outside its window's
+    top n can never reach the overall top n. Vectorised: this runs once per window of every dev evaluation.
+    """
+    top_starts = np.argsort(start_logits)[-1 : -n_best_size - 1 : -1]
+    top_ends = np.argsort(end_logits)[-1 : -n_best_size - 1 : -1]
+    in_context = _context_mask(offsets, len(start_logits))
+    starts, ends = top_starts[:, None], top_ends[None, :]
+    valid = in_context[starts] & in_context[ends] & (ends >= starts) & (ends - starts + 1 <= max_answer_length)
+    start_rows, end_columns = np.nonzero(valid)  # row-major: the scan order
+    span_starts, span_ends = top_starts[start_rows], top_ends[end_columns]
+    scores = start_logits[span_starts] + end_logits[span_ends]
+    best = np.argsort(-scores, kind="stable")[:n_best_size]
+    return [
+        {
+            "char_span": (offsets[start][0], offsets[end][1]),
+            "score": float(scores[index]),
+            "start_logit": float(start_logits[start]),
+            "end_logit": float(end_logits[end]),
+        }
+        for index, start, end in zip(best.tolist(), span_starts[best].tolist(), span_ends[best].tolist())
+    ]
 
 
-def _is_context_position(offsets: Sequence, position: int) -> bool:
-    # Logits may be longer than the offsets (padded batches); non-context offsets are None.
-    return position < len(offsets) and offsets[position] is not None and len(offsets[position]) >= 2
+def _context_mask(offsets: Sequence, length: int) -> np.ndarray:
+    """Which of `length` logit positions are context tokens. Logits may be longer than the offsets (padded
+    batches); non-context offsets are None."""
+    mask = np.zeros(length, dtype=bool)
+    flags = [offset is not None and len(offset) >= 2 for offset in offsets[:length]]
+    mask[: len(flags)] = flags
+    return mask
 
 
 def _with_text(candidate: dict[str, Any], context: str) -> dict[str, Any]:

@@ -41,7 +41,7 @@ rule study_run:
         f"{ROOT}/logs/study/{{run}}_seed{{seed}}.log",
     benchmark:
         f"{ROOT}/benchmarks/study/{{run}}_seed{{seed}}.tsv"
-    threads: PAIRED_THREADS
+    threads: training_threads(CFG.distill_squad.train, PAIRED_THREADS)
     resources:
         **TRAIN_RESOURCES,
     shell:

@@ -114,14 +114,22 @@ def teacher_window_logits(
     With ``autocast_bf16`` the teacher runs under the same bf16 autocast as the training loop's live teacher
     forward, so cached and live targets agree; they are stored in fp32 either way.
     """
-    starts, ends = [], []
-    for begin in range(0, len(windows["input_ids"]), batch_size):
-        batch = {n: t[begin : begin + batch_size].to(device) for n, t in windows.items() if n in qa.MODEL_INPUT_NAMES}
+    # Windows of similar length go together and each batch is cut to its longest window, as the training
+    # loop's batches are: no time goes to padding. Positions past a batch's longest window hold 0 (padding,
+    # which the KD term never reads).
+    lengths = windows["attention_mask"].sum(dim=1)
+    by_length = torch.argsort(lengths, descending=True, stable=True)
+    starts = torch.zeros(windows["input_ids"].shape, dtype=torch.float32)
+    ends = torch.zeros(windows["input_ids"].shape, dtype=torch.float32)
+    for begin in range(0, len(by_length), batch_size):
+        rows = by_length[begin : begin + batch_size]
+        width = int(lengths[rows].max())
+        batch = {n: t[rows, :width].to(device) for n, t in windows.items() if n in qa.MODEL_INPUT_NAMES}
         with torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16, enabled=autocast_bf16):
             output = teacher(**qa.model_inputs(batch, teacher))
-        starts.append(output.start_logits.float().cpu())
-        ends.append(output.end_logits.float().cpu())
-    return {"teacher_start_logits": torch.cat(starts), "teacher_end_logits": torch.cat(ends)}
+        starts[rows, :width] = output.start_logits.float().cpu()
+        ends[rows, :width] = output.end_logits.float().cpu()
+    return {"teacher_start_logits": starts, "teacher_end_logits": ends}
 
 
 CACHE_SECONDS_KEY = "compute_seconds"  # safetensors metadata: what computing the cache cost
