@@ -226,7 +226,7 @@ rule token_counts:
         f"{ROOT}/logs/token_counts.log",
     benchmark:
         f"{ROOT}/benchmarks/token_counts.tsv"
-    priority: 3  # the chain to distill_squad is the critical path; other jobs fill the idle core
+    priority: 2  # needed only once teacher_pretrain is done: never ahead of it
     threads: 1
     resources:
         **LIGHT_RESOURCES,

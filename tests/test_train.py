@@ -176,3 +176,216 @@ def test_clipping_bounds_the_accumulated_gradient_norm(tmp_path):
                                                           max_grad_norm=0.01))
     norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in clipped.values()]))
     assert norm.item() == pytest.approx(0.01, rel=1e-4)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The loop's parts, one by one (fast; each pins a behaviour a resumed or distributed run relies on)
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_metrics_round_and_report_throughput_per_process_too():
+    from pipeline.train import TrainResult
+
+    result = TrainResult(steps=10, micro_batches=20, train_seconds=12.34567, tokens_per_second=1001.26,
+                         final_terms={"loss": 0.1234567, "kd": 2.0}, peak_memory_mb=512.36, resumed_from_step=4,
+                         device="cpu", processes=2, effective_batch_size=32, mixed_precision="bf16")
+    assert result.as_metrics() == {
+        "steps": 10, "train_seconds": 12.346, "tokens_per_second": 1001.3, "tokens_per_second_per_process": 500.6,
+        "processes": 2, "effective_batch_size": 32, "mixed_precision": "bf16",
+        "final_loss_terms": {"loss": 0.123457, "kd": 2.0}, "peak_memory_mb": 512.4, "resumed_from_step": 4,
+        "device": "cpu",
+    }
+
+
+def test_adamw_decays_matrices_only_and_takes_the_configured_settings():
+    from pipeline.train import build_optimizer
+
+    module = torch.nn.ModuleDict({"linear": torch.nn.Linear(4, 3), "norm": torch.nn.LayerNorm(3),
+                                  "frozen": torch.nn.Linear(2, 2)})
+    module["frozen"].requires_grad_(False)
+    cfg = TrainConfig(learning_rate=0.02, weight_decay=0.05, adam_beta1=0.8, adam_beta2=0.95, adam_eps=1e-7)
+    optimizer = build_optimizer(module, cfg, torch.device("cpu"))
+
+    decay, no_decay = optimizer.param_groups
+    assert [p.shape for p in decay["params"]] == [torch.Size([3, 4])]  # the weight matrix only
+    assert sorted(tuple(p.shape) for p in no_decay["params"]) == [(3,), (3,), (3,)]  # bias, LayerNorm weight/bias
+    assert (decay["weight_decay"], no_decay["weight_decay"]) == (0.05, 0.0)
+    for group in optimizer.param_groups:
+        assert (group["lr"], group["betas"], group["eps"]) == (0.02, (0.8, 0.95), 1e-7)
+        assert group["fused"] is False  # fused kernels are for CUDA tensors
+    assert isinstance(optimizer, torch.optim.AdamW)
+
+
+def test_a_global_batch_is_split_by_rank_and_a_short_one_padded_with_its_first_examples():
+    from pipeline.train import shard
+
+    assert shard([5, 6, 7], 0, 1) == [5, 6, 7]
+    assert shard([1, 2, 3, 4, 5], 0, 2) == [1, 3, 5] and shard([1, 2, 3, 4, 5], 1, 2) == [2, 4, 1]
+    assert [shard([1, 2, 3, 4, 5, 6, 7], rank, 3) for rank in range(3)] == [[1, 4, 7], [2, 5, 1], [3, 6, 2]]
+    assert shard([9], 1, 3) == [9]
+
+
+def test_the_data_order_is_a_fixed_function_of_seed_and_epoch():
+    n, seed = 12, 3
+    expected = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100_003 + 2)).tolist()
+    assert sum(epoch_batches(n, 5, seed, epoch=2), []) == expected  # changing this changes every trained model
+    assert [len(batch) for batch in epoch_batches(n, 5, seed, epoch=2)] == [5, 5, 2]
+    assert epoch_batches(n, 5, seed, 1) != epoch_batches(n, 5, seed, 2)
+    assert epoch_batches(n, 4, seed, 0, shuffle=False) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    with pytest.raises(ValueError, match="3 example lengths for 12 examples"):
+        epoch_batches(n, 4, seed, 0, lengths=[1, 2, 3])
+
+
+def test_step_counts_cover_every_process_and_never_fall_to_zero():
+    assert count_optimizer_steps(TrainConfig(epochs=1, batch_size=4), 20, world_size=2) == (3, 3)
+    assert count_optimizer_steps(TrainConfig(epochs=0.01, batch_size=8), 10) == (1, 1)
+    assert count_optimizer_steps(TrainConfig(max_steps=5, grad_accum_steps=3), 1000) == (5, 15)
+
+
+def test_the_micro_batch_stream_yields_exactly_the_remaining_batches_of_this_rank():
+    from pipeline.train import ProcessGroup, micro_batch_stream
+
+    examples = list(range(10))
+
+    def stream(start, total, lengths=None, group=ProcessGroup()):
+        return list(micro_batch_stream(examples, list, 4, 5, start, total, lengths=lengths, group=group))
+
+    full = stream(0, 7)
+    assert len(full) == 7 and full[:3] == epoch_batches(10, 4, 5, 0)  # 3 batches per epoch, then epoch 1
+    assert full[3:6] == epoch_batches(10, 4, 5, 1)
+    assert stream(4, 7) == full[4:]
+    lengths = [(i * 7) % 5 for i in examples]
+    assert stream(0, 3, lengths=lengths) == epoch_batches(10, 4, 5, 0, lengths=lengths)
+    ranks = [stream(0, 2, group=ProcessGroup(rank=rank, world_size=2)) for rank in (0, 1)]
+    globals_ = epoch_batches(10, 8, 5, 0)
+    assert ranks[1][0] == globals_[0][1::2] and ranks[0][1] == globals_[1][0::2] and ranks[1][1] == globals_[1][1::2]
+
+
+def test_resuming_drops_the_log_lines_written_after_the_checkpoint(tmp_path):
+    from pipeline.train import _truncate_log_after
+
+    _truncate_log_after(tmp_path / "missing.jsonl", 3)
+    assert not (tmp_path / "missing.jsonl").exists()
+    log = tmp_path / "log.jsonl"
+    log.write_text('{"step": 2, "loss": 1}\n\n{"note": "no step"}\n{"step": 3}\n{"step": 4}\n')
+    _truncate_log_after(log, 3)
+    assert log.read_text() == '{"step": 2, "loss": 1}\n{"note": "no step"}\n{"step": 3}\n'
+
+
+def _save(tmp_path, step, fingerprint="run", keep=5, checkpoint_dir=None):
+    from pipeline.train import save_checkpoint
+
+    module = TinyRegressor()
+    optimizer = torch.optim.AdamW(module.parameters())
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    return save_checkpoint(checkpoint_dir or tmp_path / "ckpt", step, module, optimizer, scheduler, fingerprint, keep)
+
+
+def test_checkpoints_are_listed_in_step_order_and_only_the_newest_kept(tmp_path):
+    from pipeline.train import _checkpoint_dirs
+
+    nested = tmp_path / "a" / "b" / "ckpt"
+    for step in (3, 6, 9):
+        _save(tmp_path, step, keep=2, checkpoint_dir=nested)
+    assert [p.name for p in _checkpoint_dirs(nested)] == ["step-00000006", "step-00000009"]
+    state = json.loads((nested / "step-00000009" / "trainer_state.json").read_text())
+    assert state == {"step": 9, "fingerprint": "run", "world_size": 1}
+    assert not (nested / "step-00000009" / "scaler.pt").exists()  # no loss scaling without fp16
+    (nested / "step-10").mkdir()  # a hand-named folder: ordered by its number, not its name
+    (nested / "step-00000099").write_text("a file, not a checkpoint")
+    (nested / "step-x").mkdir()
+    assert [p.name for p in _checkpoint_dirs(nested)] == ["step-00000006", "step-00000009", "step-10"]
+    assert _checkpoint_dirs(tmp_path / "nowhere") == []
+
+
+def test_the_newest_usable_checkpoint_is_chosen_and_unusable_newer_ones_removed(tmp_path, caplog):
+    from pipeline.artifacts import ManifestError
+    from pipeline.train import latest_checkpoint
+
+    checkpoints = tmp_path / "ckpt"
+    _save(tmp_path, 3)
+    _save(tmp_path, 6)
+    _save(tmp_path, 9, fingerprint="another-config")
+    (checkpoints / "step-00000012").mkdir()  # killed while writing: no trainer_state.json
+    with caplog.at_level("WARNING"):
+        assert latest_checkpoint(checkpoints, "run") == checkpoints / "step-00000006"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step-00000003", "step-00000006"]
+    assert "step-00000012: it is incomplete" in caplog.text and "step-00000009: it belongs to a run" in caplog.text
+
+    assert latest_checkpoint(checkpoints, "run", world_size=2) is None  # saved by one process
+    assert list(checkpoints.iterdir()) == []
+
+    _save(tmp_path, 3)
+    (checkpoints / "step-00000003" / "optimizer.pt").write_bytes(b"damaged")
+    with pytest.raises(ManifestError, match=r"optimizer\.pt.*delete .*step-00000003 to resume"):
+        latest_checkpoint(checkpoints, "run")
+
+
+def test_cpu_runs_pick_the_cpu_without_autocast(monkeypatch):
+    from pipeline.train import maybe_compile, mixed_precision, peak_memory_mb, resolve_device, use_bf16
+
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    cpu = torch.device("cpu")
+    assert resolve_device(TrainConfig(device="cpu")) == cpu
+    if not torch.cuda.is_available():
+        assert resolve_device(TrainConfig(device="auto")) == cpu
+        with pytest.raises(RuntimeError, match="train.device is 'cuda' but no CUDA device is available"):
+            resolve_device(TrainConfig(device="cuda"))
+    assert mixed_precision(TrainConfig(bf16=True), cpu) == "no" and not use_bf16(TrainConfig(bf16=True), cpu)
+    module = torch.nn.Linear(2, 2)
+    assert maybe_compile(module, TrainConfig(torch_compile=True), cpu) is module
+    assert peak_memory_mb(cpu) > 10  # this process's peak resident set, in MiB
+
+
+def test_the_launcher_environment_and_the_run_settings_are_applied(monkeypatch):
+    import random
+
+    from pipeline.train import ProcessGroup, prepare_run, process_group_from_env
+
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    assert process_group_from_env() == ProcessGroup(0, 0, 1)
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    group = process_group_from_env()
+    assert group == ProcessGroup(3, 1, 4) and group.distributed and not group.is_main
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name)
+
+    threads = torch.get_num_threads()
+    try:
+        assert prepare_run(TrainConfig(device="cpu", cpu_threads=1), seed=11) == torch.device("cpu")
+        assert torch.get_num_threads() == 1
+        draws = (random.random(), torch.rand(1).item())
+        prepare_run(TrainConfig(device="cpu"), seed=11)
+        assert (random.random(), torch.rand(1).item()) == draws  # both generators seeded
+        assert torch.get_num_threads() == 1  # null cpu_threads leaves the rule's setting alone
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_gradients_are_averaged_over_processes_and_sums_taken_over_all(tmp_path):
+    from pipeline.train import ProcessGroup, all_ranks_sum, average_gradients
+
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        module = torch.nn.ModuleDict({"a": torch.nn.Linear(2, 2), "b": torch.nn.Linear(2, 1),
+                                      "frozen": torch.nn.Linear(2, 2)})
+        module["frozen"].requires_grad_(False)
+        module["a"](torch.ones(1, 2)).sum().backward()  # "b" gets no gradient
+        before = {name: p.grad.clone() for name, p in module.named_parameters() if p.grad is not None}
+        # One real process standing in for two that computed the same gradients: the sum over the group,
+        # divided by the process count it is told.
+        average_gradients(module, world_size=2)
+        for name, parameter in module.named_parameters():
+            if name.startswith("frozen"):
+                assert parameter.grad is None
+            elif name in before:
+                assert torch.equal(parameter.grad, before[name] / 2)
+            else:
+                assert torch.equal(parameter.grad, torch.zeros_like(parameter))
+        assert all_ranks_sum([1.5, 2.0], ProcessGroup(world_size=2), torch.device("cpu")) == [1.5, 2.0]
+        assert all_ranks_sum([7], ProcessGroup(), torch.device("cpu")) == [7]
+    finally:
+        torch.distributed.destroy_process_group()
