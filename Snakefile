@@ -47,7 +47,10 @@ def training_threads(train_cfg, default):
     return default
 
 
-REFERENCES_BESIDE_TEACHER = training_threads(CFG.teacher.pretrain, workflow.cores) < workflow.cores
+# Teacher rules that take every core cannot start while a one-thread job holds a core, and Snakemake's
+# scheduler fills a free core with any job that fits: jobs that would delay the teacher wait for it instead.
+TEACHER_TAKES_EVERY_CORE = max(training_threads(CFG.teacher.pretrain, workflow.cores),
+                               training_threads(CFG.teacher.finetune, workflow.cores)) >= workflow.cores
 EXPORT_SECTIONS = ("seed", "squad", "export")
 
 
@@ -329,6 +332,8 @@ rule distill_squad:
 rule student_finetune:
     input:
         student=f"{ROOT}/distill_pretrain/main",
+        # ordering only: it runs beside distill_squad, never in the way of a teacher rule that needs every core
+        after_teacher=ancient(rules.teacher_finetune.output[0]) if TEACHER_TAKES_EVERY_CORE else [],
         data=rules.prepare_data.output[0],
         code=code("stages/distill_squad", "train", "losses", "qa", "squad"),
     output:
@@ -427,15 +432,13 @@ rule export_coreml:
         " --model-dir {input.model:q} --data-dir {input.data:q} --out-dir {output:q} > {log:q} 2>&1"
 
 
-# The references need nothing from training. They wait for the teacher only so that their one-thread jobs fill
-# cores beside the paired training rules instead of holding a core the two-thread teacher rules need at the start
-# (ancient(): ordering only, a retrained teacher does not make them rerun).
+# The references need nothing from training (random weights). Where the teacher rules take every core, the
+# references wait for the teacher, so their one-thread jobs fill cores beside the paired student rules instead
+# of holding a core the teacher needs at the start (ancient(): ordering only, a retrained teacher does not make
+# them rerun); where the teacher leaves a core free, they fill it from the start.
 rule export_reference:
     input:
-        # Random weights need no trained model: where the teacher stages leave a core free (cpu_threads below
-        # --cores), the references fill it from the start; otherwise they wait, so they never hold back the
-        # teacher, which takes every core.
-        after_teacher=[] if REFERENCES_BESIDE_TEACHER else ancient(rules.teacher_finetune.output[0]),
+        after_teacher=ancient(rules.teacher_finetune.output[0]) if TEACHER_TAKES_EVERY_CORE else [],
         code=code("stages/reference", "stages/export_onnx", "stages/quantize", "stages/export_coreml", "mobile",
                   "gates", "qa", "squad", "latency", "data"),
     output:
