@@ -389,3 +389,38 @@ def test_gradients_are_averaged_over_processes_and_sums_taken_over_all(tmp_path)
         assert all_ranks_sum([7], ProcessGroup(), torch.device("cpu")) == [7]
     finally:
         torch.distributed.destroy_process_group()
+
+
+def test_logged_figures_are_the_interval_means_and_the_run_totals(tmp_path, caplog):
+    weight = torch.nn.Parameter(torch.zeros(2))
+    module = torch.nn.Module()
+    module.weight = weight
+    calls = {"n": 0}
+
+    def compute_loss(batch):
+        calls["n"] += 1  # micro-batch k reports loss k and aux 2k
+        return {"loss": (weight * 0).sum() + calls["n"], "aux": torch.tensor(2.0 * calls["n"])}
+
+    def collate(indices):  # example i has i % 3 + 1 real tokens out of 4
+        mask = torch.tensor([[1] * (i % 3 + 1) + [0] * (3 - i % 3) for i in indices])
+        return {"attention_mask": mask}
+
+    cfg = TrainConfig(max_steps=3, batch_size=4, grad_accum_steps=2, learning_rate=0.1, warmup_ratio=0.0,
+                      log_every=2, checkpoint_every=100, group_by_length=False)
+    with caplog.at_level("INFO"):
+        result = train(module=module, compute_loss=compute_loss, examples=list(range(12)), collate=collate, cfg=cfg,
+                       seed=0, device=torch.device("cpu"), checkpoint_dir=tmp_path / "ckpt",
+                       log_path=tmp_path / "log.jsonl", fingerprint="f", description="demo")
+    records = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["epoch"], r["loss"], r["aux"], r["effective_batch_size"]) for r in records] == [
+        (2, 1.3333, 2.5, 5.0, 8),  # micro-batches 1-4; 2 steps x 2 x 4 examples of 12
+        (3, 2.0, 5.5, 11.0, 8),  # micro-batches 5-6
+    ]
+    assert records[0]["lr"] == pytest.approx(0.1 / 3) and records[1]["lr"] == 0.0  # linear decay over 3 steps
+    assert all(record["tokens_per_second"] > 0 for record in records)
+    assert result.final_terms == {"aux": 11.0, "loss": 5.5}
+    assert (result.steps, result.micro_batches, result.effective_batch_size) == (3, 6, 8)
+    tokens = 2 * sum(i % 3 + 1 for i in range(12))  # two epochs' worth of micro-batches, every example twice
+    assert result.tokens_per_second * result.train_seconds == pytest.approx(tokens)
+    assert "demo: 1 process(es) x 4 per device x 2 accumulation = effective batch 8; precision no on cpu" in caplog.text
+    assert "demo step=2 epoch=1.3333" in caplog.text
