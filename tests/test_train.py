@@ -405,22 +405,93 @@ def test_logged_figures_are_the_interval_means_and_the_run_totals(tmp_path, capl
         mask = torch.tensor([[1] * (i % 3 + 1) + [0] * (3 - i % 3) for i in indices])
         return {"attention_mask": mask}
 
-    cfg = TrainConfig(max_steps=3, batch_size=4, grad_accum_steps=2, learning_rate=0.1, warmup_ratio=0.0,
+    cfg = TrainConfig(max_steps=3, batch_size=4, grad_accum_steps=2, learning_rate=0.1, warmup_ratio=0.5,
                       log_every=2, checkpoint_every=100, group_by_length=False)
+    log_path = tmp_path / "logs" / "demo" / "log.jsonl"  # folders made as needed
     with caplog.at_level("INFO"):
         result = train(module=module, compute_loss=compute_loss, examples=list(range(12)), collate=collate, cfg=cfg,
                        seed=0, device=torch.device("cpu"), checkpoint_dir=tmp_path / "ckpt",
-                       log_path=tmp_path / "log.jsonl", fingerprint="f", description="demo")
-    records = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+                       log_path=log_path, fingerprint="f", description="demo")
+    records = [json.loads(line) for line in log_path.read_text().splitlines()]
     assert [(r["step"], r["epoch"], r["loss"], r["aux"], r["effective_batch_size"]) for r in records] == [
         (2, 1.3333, 2.5, 5.0, 8),  # micro-batches 1-4; 2 steps x 2 x 4 examples of 12
         (3, 2.0, 5.5, 11.0, 8),  # micro-batches 5-6
     ]
-    assert records[0]["lr"] == pytest.approx(0.1 / 3) and records[1]["lr"] == 0.0  # linear decay over 3 steps
+    # warm-up int(0.5 x 3) = 1 step, then linear decay to 0 at step 3
+    assert records[0]["lr"] == pytest.approx(0.05) and records[1]["lr"] == 0.0
     assert all(record["tokens_per_second"] > 0 for record in records)
     assert result.final_terms == {"aux": 11.0, "loss": 5.5}
     assert (result.steps, result.micro_batches, result.effective_batch_size) == (3, 6, 8)
+    assert (result.device, result.mixed_precision, result.processes) == ("cpu", "no", 1)
+    assert 0 < result.train_seconds < 60 and result.peak_memory_mb > 10
     tokens = 2 * sum(i % 3 + 1 for i in range(12))  # two epochs' worth of micro-batches, every example twice
     assert result.tokens_per_second * result.train_seconds == pytest.approx(tokens)
     assert "demo: 1 process(es) x 4 per device x 2 accumulation = effective batch 8; precision no on cpu" in caplog.text
     assert "demo step=2 epoch=1.3333" in caplog.text
+
+
+class NotATensor:
+    """A pickled object of a class torch.load(weights_only=True) does not allow: what a tampered file could hold."""
+
+
+def _load_into_fresh(path):
+    from pipeline.train import load_checkpoint
+
+    module = TinyRegressor()
+    optimizer = torch.optim.AdamW(module.parameters())
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    return load_checkpoint(path, module, optimizer, scheduler, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("name", ["optimizer.pt", "scheduler.pt", "rng-rank0.pt"])
+def test_checkpoint_files_are_loaded_as_weights_only(tmp_path, name):
+    import pickle
+
+    path = _save(tmp_path, 3)
+    assert _load_into_fresh(path) == 3
+    torch.save({"state": NotATensor()}, path / name)
+    with pytest.raises(pickle.UnpicklingError):
+        _load_into_fresh(path)
+
+
+def test_a_checkpoint_of_another_model_is_refused_naming_it(tmp_path):
+    from safetensors.torch import save_file
+
+    path = _save(tmp_path, 3)
+    tensors = {name: tensor.detach().clone() for name, tensor in TinyRegressor().state_dict().items()}
+    save_file(tensors | {"extra.weight": torch.zeros(2)}, str(path / "model.safetensors"))
+    with pytest.raises(RuntimeError, match="extra.weight"):  # safetensors' strict load refuses it
+        _load_into_fresh(path)
+
+
+def test_a_checkpoint_without_its_manifest_is_discarded(tmp_path):
+    from pipeline.train import latest_checkpoint
+
+    kept = _save(tmp_path, 3)
+    newer = _save(tmp_path, 6)
+    (newer / "manifest.json").unlink()
+    assert latest_checkpoint(tmp_path / "ckpt", "run") == kept and not newer.exists()
+
+
+def test_no_examples_is_an_error_and_length_grouping_reaches_the_batches(tmp_path):
+    model = TinyRegressor()
+    seen = []
+
+    def collate(indices):
+        seen.append(list(indices))
+        return {"input_ids": torch.ones(len(indices), 2, dtype=torch.long), "x": torch.zeros(len(indices), 4)}
+
+    def compute_loss(batch):
+        return {"loss": model(batch["x"]).sum()}
+
+    common = dict(module=model, compute_loss=compute_loss, collate=collate, seed=3, device=torch.device("cpu"),
+                  checkpoint_dir=tmp_path / "ckpt", log_path=tmp_path / "log.jsonl", fingerprint="f",
+                  description="demo")
+    with pytest.raises(ValueError, match="demo: no training examples"):
+        train(examples=[], cfg=small_cfg(), **common)
+    result = train(examples=[0], cfg=small_cfg(max_steps=1, batch_size=1), **common)
+    assert result.steps == 1
+    seen.clear()
+    train(examples=list(range(N_EXAMPLES)), cfg=small_cfg(max_steps=5, group_by_length=True),
+          example_lengths=LENGTHS, **common)
+    assert seen == epoch_batches(N_EXAMPLES, 8, 3, 0, lengths=LENGTHS)
