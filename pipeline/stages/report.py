@@ -137,6 +137,11 @@ def is_search_recipe(item: dict) -> bool:
     return item["format"] == "onnx" and item["precision"].startswith("int8-") and item["precision"] != "int8-optimized"
 
 
+def point_label(item: dict) -> str:
+    """What a plotted point says: its precision; the bundle's .ort says "bundle" (its recipe name is long)."""
+    return "bundle" if item["format"] == "ort" else item["precision"]
+
+
 def plot_accuracy(summary_data: dict, out_dir: Path, length: int) -> None:
     import matplotlib
 
@@ -152,7 +157,7 @@ def plot_accuracy(summary_data: dict, out_dir: Path, length: int) -> None:
         axis.scatter(item["size_mb"], item["f1"], marker=markers.get(item["format"], "o"),
                      color=colors.get(item["model"], "grey"), s=45)
         if not is_search_recipe(item):
-            axis.annotate(item["precision"], (item["size_mb"], item["f1"]), fontsize=7, xytext=(4, 2),
+            axis.annotate(point_label(item), (item["size_mb"], item["f1"]), fontsize=7, xytext=(4, 2),
                           textcoords="offset points")
     axis.axvline(TARGET_SIZE_MB, color="red", linestyle="--")
     axis.text(TARGET_SIZE_MB, axis.get_ylim()[0], " 207 MB (DistilBERT,\n iPhone 7 Plus)", color="red", fontsize=8,
@@ -186,7 +191,7 @@ def plot_accuracy(summary_data: dict, out_dir: Path, length: int) -> None:
         axis.scatter(cell["p50"], item["f1"], marker=markers.get(item["format"], "o"),
                      color=colors.get(item["model"], "grey"), s=45)
         if not is_search_recipe(item):
-            axis.annotate(item["precision"], (cell["p50"], item["f1"]), fontsize=7, xytext=(4, 2),
+            axis.annotate(point_label(item), (cell["p50"], item["f1"]), fontsize=7, xytext=(4, 2),
                           textcoords="offset points")
     axis.set_xlabel(f"latency p50 (ms), batch 1, {length} tokens, 1 thread")
     axis.set_ylabel("dev F1")
