@@ -24,7 +24,8 @@ PACKAGE = Path(workflow.basedir) / "pipeline"
 TEACHER_FROM_SCRATCH = CFG.teacher.pretrained is None  # then rule teacher_pretrain trains the MLM teacher
 # The MLM teacher that init_student copies from and distill_pretrain learns from: a directory or a hub name.
 MLM_TEACHER = f"{ROOT}/teacher_pretrain" if TEACHER_FROM_SCRATCH else CFG.teacher.pretrained
-# Pretraining-distillation variants: the configured student, and the random-init ablation with the same budget.
+# Pretraining-distillation variants: the configured student, and the random-init ablation with the same budget
+# (evidence, built by target `study`).
 # TinyBERT's task-stage augmentation asks the MLM teacher for replacement words.
 AUGMENT = CFG.distill_squad.augmentation.copies > 0
 MLM_TEACHER_ARG = f"--mlm-teacher-dir {shlex.quote(str(MLM_TEACHER))}" if AUGMENT else ""
@@ -48,9 +49,14 @@ def training_threads(train_cfg, default):
 
 
 # Teacher rules that take every core cannot start while a one-thread job holds a core, and Snakemake's
-# scheduler fills a free core with any job that fits: jobs that would delay the teacher wait for it instead.
-TEACHER_TAKES_EVERY_CORE = max(training_threads(CFG.teacher.pretrain, workflow.cores),
-                               training_threads(CFG.teacher.finetune, workflow.cores)) >= workflow.cores
+# scheduler fills a free core with any job that fits: jobs that would delay such a rule wait for the last one
+# instead (ancient(): ordering only, a retrained teacher does not make them rerun).
+if training_threads(CFG.teacher.finetune, workflow.cores) >= workflow.cores:
+    AFTER_EVERY_CORE_TEACHER = [ancient(f"{ROOT}/teacher")]
+elif TEACHER_FROM_SCRATCH and training_threads(CFG.teacher.pretrain, workflow.cores) >= workflow.cores:
+    AFTER_EVERY_CORE_TEACHER = [ancient(f"{ROOT}/teacher_pretrain")]
+else:
+    AFTER_EVERY_CORE_TEACHER = []
 EXPORT_SECTIONS = ("seed", "squad", "export")
 
 
@@ -107,7 +113,7 @@ def code(*modules):
 rule all:
     input:
         f"{ROOT}/teacher",
-        expand(f"{ROOT}/distill_pretrain/{{variant}}", variant=STUDENT_VARIANTS),
+        f"{ROOT}/distill_pretrain/main",
         f"{ROOT}/distill_squad",
         f"{ROOT}/student_finetune",
         expand(f"{ROOT}/{{kind}}/{{model}}", kind=["onnx", "quantized", "coreml"], model=list(EXPORTED_MODELS)),
@@ -205,7 +211,9 @@ rule teacher_finetune:
         f"{ROOT}/logs/teacher_finetune.log",
     benchmark:
         f"{ROOT}/benchmarks/teacher_finetune.tsv"
-    priority: 3  # the chain to distill_squad is the critical path; other jobs fill the idle core
+    # Ahead of the chain's 1-thread jobs that become ready with it: started first, one of them would keep this
+    # every-core job waiting beside an idle core.
+    priority: 4
     threads: training_threads(CFG.teacher.finetune, workflow.cores)
     resources:
         **TRAIN_RESOURCES,
@@ -332,8 +340,8 @@ rule distill_squad:
 rule student_finetune:
     input:
         student=f"{ROOT}/distill_pretrain/main",
-        # ordering only: it runs beside distill_squad, never in the way of a teacher rule that needs every core
-        after_teacher=ancient(rules.teacher_finetune.output[0]) if TEACHER_TAKES_EVERY_CORE else [],
+        # ordering only: never in the way of a teacher rule that needs every core
+        after_teacher=AFTER_EVERY_CORE_TEACHER,
         data=rules.prepare_data.output[0],
         code=code("stages/distill_squad", "train", "losses", "qa", "squad"),
     output:
@@ -432,13 +440,12 @@ rule export_coreml:
         " --model-dir {input.model:q} --data-dir {input.data:q} --out-dir {output:q} > {log:q} 2>&1"
 
 
-# The references need nothing from training (random weights). Where the teacher rules take every core, the
-# references wait for the teacher, so their one-thread jobs fill cores beside the paired student rules instead
-# of holding a core the teacher needs at the start (ancient(): ordering only, a retrained teacher does not make
-# them rerun); where the teacher leaves a core free, they fill it from the start.
+# The references need nothing from training (random weights). Where a teacher rule takes every core, the
+# references wait for it, so their one-thread jobs fill cores beside the one-thread training rules instead of
+# holding a core the teacher needs at the start; where the teacher leaves a core free, they fill it from the start.
 rule export_reference:
     input:
-        after_teacher=ancient(rules.teacher_finetune.output[0]) if TEACHER_TAKES_EVERY_CORE else [],
+        after_teacher=AFTER_EVERY_CORE_TEACHER,
         code=code("stages/reference", "stages/export_onnx", "stages/quantize", "stages/export_coreml", "mobile",
                   "gates", "qa", "squad", "latency", "data"),
     output:

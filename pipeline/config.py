@@ -240,7 +240,7 @@ class DistillPretrainConfig:
     restrict_ce_to_mask: bool = option(False, "Compute L_ce only at masked positions (else all non-padding).")
     max_seq_length: int = option(128, "Corpus lines are truncated to this many tokens.", minimum=8)
     run_random_init_ablation: bool = option(
-        True, "Also distill a randomly initialised student with the same budget (rule distill_pretrain_ablation)."
+        True, "Target `study` also distills a randomly initialised student with the same budget (the ablation)."
     )
     train: TrainConfig = option(_default_distill_pretrain_train, "The training run.")
 
@@ -494,7 +494,7 @@ class BenchmarkConfig:
     )
     threads: list[int] = option([1, 2], "Intra-op thread counts timed (pinned in onnxruntime and torch).")
     runs: int = option(20, "Timed runs per artifact, length and thread count, after warm-up.", minimum=1)
-    warmup: int = option(3, "Untimed runs first (allocations, kernel selection).", minimum=0)
+    warmup: int = option(1, "Untimed runs first (allocations, kernel selection).", minimum=0)
     profile_runs: int = option(5, "Runs under onnxruntime's profiler for the per-op breakdown of the int8 graphs.",
                                minimum=1)
     search_runs: int = option(

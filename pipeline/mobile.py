@@ -166,10 +166,13 @@ class QuestionAnswerer:
 
     # ------------------------------------------------------------------------------------ 4-5: answers
 
-    def n_best(self, examples: list[dict[str, str]]) -> dict[str, list[dict[str, Any]]]:
-        """Question id -> candidate answers, best first: {"text", "start", "end", "score", "start_logit", "end_logit"}."""
+    def n_best(self, examples: list[dict[str, str]], windows: Windows | None = None) -> dict[str, list[dict[str, Any]]]:
+        """Question id -> candidate answers, best first: {"text", "start", "end", "score", "start_logit", "end_logit"}.
+
+        `windows`: these examples' windows from `windows()` of an answerer with the same tokenizer and settings
+        (several models scored on the same questions tokenize them once)."""
         _check_unique_ids(examples)
-        windows = self.windows(examples)
+        windows = self.windows(examples) if windows is None else windows
         start_logits, end_logits = self.window_logits(windows)
         return squad.n_best_predictions(
             {"id": [e["id"] for e in examples], "context": [e["context"] for e in examples]},
@@ -177,9 +180,10 @@ class QuestionAnswerer:
             start_logits, end_logits, n_best_size=self.n_best_size, max_answer_length=self.max_answer_length,
         )
 
-    def predict(self, examples: list[dict[str, str]]) -> dict[str, str]:
-        """Question id -> answer text ("" when no window holds a valid span)."""
-        return {qid: (candidates[0]["text"] if candidates else "") for qid, candidates in self.n_best(examples).items()}
+    def predict(self, examples: list[dict[str, str]], windows: Windows | None = None) -> dict[str, str]:
+        """Question id -> answer text ("" when no window holds a valid span); `windows` as for n_best."""
+        return {qid: (candidates[0]["text"] if candidates else "")
+                for qid, candidates in self.n_best(examples, windows).items()}
 
     def answer(self, question: str, context: str, n_best: int = 5) -> dict[str, Any]:
         """One question: {"answer", "start", "end", "score", "n_best": [...]} (start/end are character offsets)."""

@@ -1,5 +1,6 @@
-# Target `study` (not in `all`): distill_squad and its alternatives over several seeds, from the same distilled
-# student and teacher, and the summary with intervals. Run: snakemake --cores 2 study
+# Target `study` (not in `all`): the distillation evidence. distill_squad and its alternatives over several seeds,
+# from the same distilled student and teacher, and the summary with intervals; and the random-init ablation of
+# distill_pretrain (same budget, random student). Run: snakemake --cores 2 study
 from pipeline.stages import study as study_stage
 
 STUDY_RUNS = study_stage.run_names(CFG.study.variants)
@@ -17,6 +18,7 @@ def study_run_config(wildcards):
 rule study:
     input:
         f"{ROOT}/study/summary.json",
+        expand(f"{ROOT}/distill_pretrain/{{variant}}", variant=STUDENT_VARIANTS),
 
 
 rule study_run:

@@ -93,4 +93,6 @@ def test_the_study_target_plans_every_run_from_the_same_student(tmp_path):
     assert completed.returncode == 0, completed.stderr[-2000:]
     n_runs = len(study.run_names(tiny_config().study.variants)) * len(tiny_config().study.seeds)
     assert f"study_run {n_runs}" in " ".join(completed.stdout.split())
-    assert "distill_pretrain" in completed.stdout and "export_onnx" not in completed.stdout
+    planned = " ".join(completed.stdout.split())
+    assert "distill_pretrain 2" in planned and "init_student 2" in planned  # the student and its random-init ablation
+    assert "export_onnx" not in completed.stdout

@@ -183,9 +183,9 @@ def check_package(info: dict, variant: str, cfg: CoreMLConfig, n_weight_matrices
 
 
 @torch.no_grad()
-def proxy_predictions(wrapped: torch.nn.Module, dev, tokenizer, cfg: PipelineConfig) -> dict[str, str]:
-    """Dev answers of the PyTorch-side proxy, computed in float16 like the package."""
-    features = qa.validation_windows(dev, tokenizer, cfg.squad)
+def proxy_predictions(wrapped: torch.nn.Module, dev, features, cfg: PipelineConfig) -> dict[str, str]:
+    """Dev answers of the PyTorch-side proxy, computed in float16 like the package, on dev's windows `features`
+    (qa.validation_windows)."""
     model = wrapped.half()
     ids = np.asarray(features.with_format("numpy")["input_ids"])
     mask = np.asarray(features.with_format("numpy")["attention_mask"])
@@ -226,11 +226,11 @@ def run(cfg: PipelineConfig, model_dir: Path, data_dir: Path | None, out_dir: Pa
     ccfg, gates = cfg.export.coreml, cfg.export.gates
     mask_input = ccfg.minimum_deployment_target == "iOS18"
     check_lengths(ccfg, load_wrapped(model_dir, mask_input).model.config.max_position_embeddings, str(model_dir))
-    dev = tokenizer = gold = pytorch_predictions = pytorch_f1 = None
+    dev = features = gold = pytorch_predictions = pytorch_f1 = None
     if data_dir is not None:
         questions = gate_questions(data_dir, model_dir, gates.dev_questions)
         dev, gold = questions.records, questions.gold
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        features = qa.validation_windows(dev, AutoTokenizer.from_pretrained(model_dir), cfg.squad)  # once for all
         pytorch_predictions, pytorch_f1 = questions.pytorch_predictions, questions.pytorch_f1
 
     packages, reports = {}, []
@@ -244,7 +244,7 @@ def run(cfg: PipelineConfig, model_dir: Path, data_dir: Path | None, out_dir: Pa
             check_package(info, variant, ccfg, weight_matrix_count(wrapped.model, variant, ccfg), f"{out_dir}/{path.name}")
             packages[variant] = {"path": path.name, "size_mb": megabytes(directory_size_bytes(path)), **info}
             if dev is not None:
-                predictions = proxy_predictions(compressed, dev, tokenizer, cfg)
+                predictions = proxy_predictions(compressed, dev, features, cfg)
                 report = compressed_model_report(f"{out_dir}/{path.name} (pytorch-proxy)", predictions,
                                                  pytorch_predictions, gold, pytorch_f1, gates.min_answer_agreement,
                                                  gates.max_f1_drop)

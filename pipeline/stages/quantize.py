@@ -269,10 +269,12 @@ def run(cfg: PipelineConfig, onnx_dir: Path, model_dir: Path, data_dir: Path, ou
                                qcfg.int4_block_size if qcfg.int4 else None, qcfg.int4_embeddings,
                                graphs_dir=tmp / "fp32-graphs")
         variants, reports = {}, []
+        windows = None  # every variant has the export's tokenizer: the gate questions are tokenized once
         for name in names:
             answerer = mobile.QuestionAnswerer.with_squad_settings(
                 tmp / name / MODEL_FILE, tmp / name / "tokenizer.json", cfg.squad, threads=threads)
-            predictions = answerer.predict(examples)
+            windows = answerer.windows(examples) if windows is None else windows
+            predictions = answerer.predict(examples, windows)
             atomic_write_json(tmp / name / "predictions.json", predictions)
             report = compressed_model_report(f"{out_dir}/{name}", predictions, pytorch_predictions, gold, pytorch_f1,
                                              gates.min_answer_agreement, gates.max_f1_drop)
