@@ -127,15 +127,16 @@ def test_evaluate_qa_scores_the_postprocessed_predictions(examples, seine_tokeni
 
 
 def test_evaluate_qa_applies_the_configured_n_best_size_and_answer_length(examples, seine_tokenizer):
-    # Start logits: highest on the question's first token (never an answer), next on "The" (the context's first
-    # word); end logits: highest on "France", 11 tokens after "The", next on each "the" itself.
+    # Start logits: highest on the question's first token (never an answer: not context), then on each "the", the
+    # earlier the higher; end logits: highest on "France", then on each "the" alike.
     the, france = seine_tokenizer.convert_tokens_to_ids("the"), seine_tokenizer.convert_tokens_to_ids("france")
     which = seine_tokenizer.convert_tokens_to_ids("which")
 
     class FixedPointer(torch.nn.Module):
         def forward(self, input_ids, attention_mask):
-            start = (input_ids == which).float() * 9 + (input_ids == the).float() * 5
-            end = (input_ids == france).float() * 9 + (input_ids == the).float() * 5
+            earlier_higher = 5 - 0.01 * torch.arange(input_ids.shape[1]).float()
+            start = (input_ids == which).float() * 9 + (input_ids == the).float() * earlier_higher
+            end = (input_ids == france).float() * 9 + (input_ids == the).float() * earlier_higher
             return type("Output", (), {"start_logits": start, "end_logits": end})()
 
     def answers(**squad_options):
@@ -144,8 +145,10 @@ def test_evaluate_qa_applies_the_configured_n_best_size_and_answer_length(exampl
 
     long_answer = SEINE_CONTEXT[: SEINE_CONTEXT.index("France") + len("France")]
     assert answers(n_best_size=5, max_answer_length=30) == {long_answer}
-    assert {a.lower() for a in answers(n_best_size=5, max_answer_length=10)} == {"the"}  # 11 tokens are too long
-    assert answers(n_best_size=1, max_answer_length=30) == {""}  # only the question token is a top-1 start
+    # "The river ... France" is 11 tokens: too long; the next start, "the capital", makes a 4-token span.
+    assert answers(n_best_size=5, max_answer_length=10) == {"the capital of France"}
+    # With only the top start considered, the first window has no valid span; a later window answers "the".
+    assert {a.lower() for a in answers(n_best_size=1, max_answer_length=10)} == {"the"}
 
 
 @pytest.mark.parametrize("freeze", [True, False])

@@ -332,10 +332,11 @@ def test_end_before_start_and_non_context_tokens_are_rejected(two_window_seine):
 
 def test_no_valid_span_gives_an_empty_answer(two_window_seine):
     examples, features = two_window_seine
-    seine = token_position(features, 0, SEINE_CONTEXT.index("Seine"))
-    # Only the CLS token and one context token are in the top-1: every candidate pair is invalid.
-    start = logits_with(features, {(window, CLS_INDEX): 9.0 for window in range(len(features["input_ids"]))})
-    end = logits_with(features, {(0, seine): 1.0})
+    context = [[k for k, offset in enumerate(offsets) if offset is not None] for offsets in features["offset_mapping"]]
+    # In every window the top-1 start is the last context token and the top-1 end the first: the pair ends before
+    # it starts, so no candidate is valid.
+    start = logits_with(features, {(window, positions[-1]): 9.0 for window, positions in enumerate(context)})
+    end = logits_with(features, {(window, positions[0]): 9.0 for window, positions in enumerate(context)})
 
     assert postprocess_predictions(examples, features, start, end, n_best_size=1) == {"seine-30-35": ""}
 
@@ -545,6 +546,35 @@ def test_n_best_considers_exactly_the_top_n_starts_and_ends(two_window_seine):
         assert starts <= {features["offset_mapping"][0][p][0] for p in positions[:n_best_size]}
         assert set(n_best[0]) == {"text", "score", "start", "end", "start_logit", "end_logit"}
         assert n_best[0]["start_logit"] == 10.0 and n_best[0]["end_logit"] == 10.0
+
+
+def test_padding_and_question_logits_never_crowd_the_context_out_of_the_top_n(two_window_seine):
+    examples, features = two_window_seine
+    river = token_position(features, 0, SEINE_CONTEXT.index("river"))
+    start = logits_with(features, {(0, river): 1.0})
+    end = logits_with(features, {(0, river): 1.0})
+    # Every non-context position of every window (the question, [CLS], [SEP]) outscores the context.
+    for window, offsets in enumerate(features["offset_mapping"]):
+        for position, offset in enumerate(offsets):
+            if offset is None:
+                start[window, position] = end[window, position] = 50.0
+    answer = {"seine-30-35": "river"}
+    assert postprocess_predictions(examples, features, start, end, n_best_size=3) == answer
+    # Padding past the offsets (a batch padded to a longer window) with high logits changes nothing either.
+    padded_start, padded_end = (np.pad(logits, ((0, 0), (0, 30)), constant_values=80.0) for logits in (start, end))
+    assert postprocess_predictions(examples, features, padded_start, padded_end, n_best_size=3) == answer
+    assert (n_best_predictions(examples, features, padded_start, padded_end, n_best_size=3)
+            == n_best_predictions(examples, features, start, end, n_best_size=3))
+
+
+def test_equal_logits_rank_the_later_position_first(two_window_seine):
+    examples, features = two_window_seine
+    first, second = [k for k, offset in enumerate(features["offset_mapping"][0]) if offset is not None][:2]
+    start = logits_with(features, {(0, first): 5.0, (0, second): 5.0})
+    end = logits_with(features, {(0, second): 5.0})
+    # n_best_size 1: only one of the tied starts is considered; the later one, as in the JavaScript client.
+    (best,) = n_best_predictions(examples, features, start, end, n_best_size=1)["seine-30-35"]
+    assert best["start"] == features["offset_mapping"][0][second][0]
 
 
 def test_scores_need_gold_questions_and_windows_need_a_fast_tokenizer(tmp_path):

@@ -155,8 +155,9 @@ Dev set of this build ({metrics['n_questions']} questions): exact match {metrics
 4. `attention_mask` = 1 on real tokens, pad `input_ids` with the [PAD] id ({config['tokenizer']['special_tokens']['pad']['id']}).
 
 ## Post-processing
-5. In each window take the {config['n_best_size']} highest start and end logits. Keep pairs where both tokens are
-   context tokens, end >= start and end - start + 1 <= {config['max_answer_length']}; score = start + end logit.
+5. In each window take the {config['n_best_size']} highest start and the {config['n_best_size']} highest end logits among
+   its context tokens (never [CLS], the question, [SEP] or padding; equal logits: the later token first). Keep
+   pairs with end >= start and end - start + 1 <= {config['max_answer_length']}; score = start + end logit.
 6. The best pair over all windows is the answer. Cut its text from the original context with the offsets
    (start of the first token, end of the last): the answer keeps the context's case and accents.
 

@@ -1,23 +1,34 @@
 // n-best answer spans over a question's windows: pipeline/squad.py's n_best_predictions, step for step.
 import { codePoints } from "./tokenizer.js";
 
-/** Positions of the n largest values, largest first (ties: the later position first, as numpy's argsort reversed). */
-export function topPositions(values, n) {
-  const order = Array.from(values.keys());
+/**
+ * The n positions with the largest values, largest first (ties: the later position first, as numpy's stable
+ * argsort reversed); among `positions` when given.
+ */
+export function topPositions(values, n, positions = Array.from(values.keys())) {
+  const order = [...positions];
   order.sort((a, b) => values[a] - values[b] || a - b);
   return order.reverse().slice(0, n);
 }
 
-function isContextPosition(offsets, position) {
-  return position < offsets.length && offsets[position] !== null;
+/** Positions of the window's context tokens (the logits may run past the offsets: padding). */
+function contextPositions(offsets, length) {
+  const positions = [];
+  for (let position = 0; position < Math.min(length, offsets.length); position++) {
+    if (offsets[position] !== null) positions.push(position);
+  }
+  return positions;
 }
 
-/** Valid spans among the top-n start x top-n end positions of one window. */
+/**
+ * Valid spans among the top-n start x top-n end context positions of one window: the top n are taken among
+ * context tokens only, so the logits of padding, [CLS] and the question never crowd them out.
+ */
 export function windowCandidates(offsets, startLogits, endLogits, nBestSize, maxAnswerLength) {
   const candidates = [];
-  for (const start of topPositions(startLogits, nBestSize)) {
-    for (const end of topPositions(endLogits, nBestSize)) {
-      if (!isContextPosition(offsets, start) || !isContextPosition(offsets, end)) continue;
+  const context = contextPositions(offsets, startLogits.length);
+  for (const start of topPositions(startLogits, nBestSize, context)) {
+    for (const end of topPositions(endLogits, nBestSize, context)) {
       if (end < start || end - start + 1 > maxAnswerLength) continue;
       candidates.push({
         charStart: offsets[start][0],

@@ -69,6 +69,16 @@ test("spans longer than max_answer_length or ending before they start are never 
   // start 5 / end 1 ends before it starts; position 0 is the question: the best valid span is 1..1.
   assert.equal(best.text, "w0");
   assert.deepEqual(topPositions(Float32Array.from([1, 3, 3, 2]), 3), [2, 1, 3]);
+  assert.deepEqual(topPositions(Float32Array.from([1, 3, 3, 2]), 3, [0, 1, 3]), [1, 3, 0]);
+});
+
+test("the question, [CLS] and padding never crowd the context out of the top n", () => {
+  const offsets = [null, null, [0, 2], [3, 5], [6, 8], null];
+  // Non-context positions, and padding past the offsets, outscore every context token.
+  const start = Float32Array.from([50, 50, 0, 1, 0, 50, 80, 80, 80]);
+  const end = Float32Array.from([50, 50, 0, 1, 0, 50, 80, 80, 80]);
+  const [best] = nBestAnswers("w0 w1 w2", [{ offsets, startLogits: start, endLogits: end }], 2, 3);
+  assert.equal(best.text, "w1");
 });
 
 test("a question that leaves no more room than doc_stride is refused by id; bad settings and inputs too", () => {
