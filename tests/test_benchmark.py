@@ -63,6 +63,13 @@ def test_ratios_and_missing_timings():
     assert report.ratio(20.0, 10.0) == 2.0 and report.ratio(None, 1.0) is None and report.ratio(1.0, None) is None
 
 
+def test_the_loss_plot_shows_only_loss_terms():
+    records = [{"step": 50, "epoch": 0.1, "lr": 1e-3, "tokens_per_second": 9e3, "effective_batch_size": 16,
+                "loss": 2.0, "task": 1.5, "tb_hidden": 0.3, "phase": "intermediate"},
+               {"step": 100, "epoch": 0.2, "lr": 9e-4, "loss": 1.0, "tb_prediction": 0.5, "phase": "prediction"}]
+    assert report.loss_terms(records) == ["loss", "task", "tb_hidden", "tb_prediction"]
+
+
 def test_the_summary_schema_refuses_a_wrong_shape():
     import jsonschema
 

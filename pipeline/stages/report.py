@@ -24,7 +24,7 @@ TRAINING_LOGS = {"teacher_pretrain": "teacher_pretrain", "teacher_finetune": "te
                  "distill_pretrain (main)": "distill_pretrain/main",
                  "distill_pretrain (random init)": "distill_pretrain/random_init_ablation",
                  "distill_squad": "distill_squad", "student_finetune": "student_finetune"}
-NOT_LOSS_KEYS = {"step", "epoch", "lr", "tokens_per_second"}
+NOT_LOSS_KEYS = {"step", "epoch", "lr", "tokens_per_second", "effective_batch_size", "phase"}
 
 
 def parameter_count(model_dir: Path) -> int:
@@ -203,6 +203,12 @@ def plot_accuracy(summary_data: dict, out_dir: Path, length: int) -> None:
     plt.close(figure)
 
 
+def loss_terms(records: list[dict]) -> list[str]:
+    """The loss terms of a train_log.jsonl: its numeric keys other than step, lr, throughput and the like."""
+    return sorted({key for record in records for key, value in record.items()
+                   if isinstance(value, (int, float)) and not isinstance(value, bool)} - NOT_LOSS_KEYS)
+
+
 def plot_losses(root: Path, out_dir: Path) -> None:
     import matplotlib
 
@@ -218,10 +224,16 @@ def plot_losses(root: Path, out_dir: Path) -> None:
     for axis, (title, stage) in zip(axes.flat, stages.items()):
         log = root / stage / "train_log.jsonl"
         records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.is_file() else []
-        terms = sorted({key for record in records for key in record} - NOT_LOSS_KEYS)
+        terms = loss_terms(records)
         for term in terms:
             axis.plot([r["step"] for r in records if term in r], [r[term] for r in records if term in r],
                       label=term, linewidth=1.2)
+        # distill_squad's phases (TinyBERT's intermediate layers, then the prediction layer): where one ends.
+        for before, after in zip(records, records[1:]):
+            if before.get("phase") != after.get("phase"):
+                axis.axvline(after["step"], color="grey", linestyle=":", linewidth=1)
+                axis.text(after["step"], 0.98, f" {after['phase']}", transform=axis.get_xaxis_transform(),
+                          fontsize=7, color="grey", va="top")
         axis.set_title(title, fontsize=10)
         axis.set_xlabel("optimizer step", fontsize=8)
         axis.set_yscale("log")
