@@ -211,8 +211,8 @@ rule teacher_finetune:
         f"{ROOT}/logs/teacher_finetune.log",
     benchmark:
         f"{ROOT}/benchmarks/teacher_finetune.tsv"
-    # Ahead of the chain's 1-thread jobs that become ready with it: started first, one of them would keep this
-    # every-core job waiting beside an idle core.
+    # First among the jobs that become ready with it: it is the longest on the way to distill_squad, and where it
+    # takes every core, a 1-thread job started first would keep it waiting beside an idle core.
     priority: 4
     threads: training_threads(CFG.teacher.finetune, workflow.cores)
     resources:
