@@ -577,6 +577,28 @@ def test_equal_logits_rank_the_later_position_first(two_window_seine):
     assert best["start"] == features["offset_mapping"][0][second][0]
 
 
+def test_n_best_with_many_ties_is_that_of_plain_nested_loops(two_window_seine):
+    # Logits drawn from three values: ties everywhere, over windows longer than the 16 elements below which
+    # numpy's default sort happens to keep equal elements in order.
+    examples, features = two_window_seine
+    rng = np.random.default_rng(0)
+    start = rng.integers(0, 3, size=(len(features["input_ids"]), len(features["input_ids"][0]))).astype(np.float32)
+    end = rng.integers(0, 3, size=start.shape).astype(np.float32)
+    n_best_size, max_answer_length = 20, 6
+
+    expected = []
+    for window, offsets in enumerate(features["offset_mapping"]):
+        context = [p for p, offset in enumerate(offsets) if offset is not None]
+        top = lambda logits: sorted(context, key=lambda p: (logits[window][p], p), reverse=True)[:n_best_size]
+        candidates = [(start[window][s] + end[window][e], offsets[s][0], offsets[e][1])
+                      for s in top(start) for e in top(end) if s <= e < s + max_answer_length]
+        expected += sorted(candidates, key=lambda candidate: -candidate[0])[:n_best_size]
+    expected = sorted(expected, key=lambda candidate: -candidate[0])[:n_best_size]
+
+    n_best = n_best_predictions(examples, features, start, end, n_best_size, max_answer_length)["seine-30-35"]
+    assert [(c["score"], c["start"], c["end"]) for c in n_best] == [(float(a), b, c) for a, b, c in expected]
+
+
 def test_scores_need_gold_questions_and_windows_need_a_fast_tokenizer(tmp_path):
     with pytest.raises(ValueError, match=r"^no gold questions to score$"):
         squad_v1_scores({}, {})
