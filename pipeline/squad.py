@@ -208,12 +208,11 @@ def _window_candidates(
     """The window's n_best_size best valid spans among its top-n start x top-n end context positions, best first.
 
     The top n are taken among context tokens only. The reference takes them over every position, so the logits a
-    model gives padding, [CLS] and the question can fill its top n, and then the answer depends on how much
-    padding the window's batch had (a student trained briefly scored padding above the context on 1.5 % of
-    dev questions). Equal logits rank the later position first; equal scores keep the order of a start-major
-    scan, so the overall n-best list (a stable sort of every window's candidates) is that of nested loops; a span
-    outside its window's top n can never reach the overall top n. Vectorised: this runs once per window of every
-    dev evaluation.
+    model gives padding, [CLS] and the question can fill its top n (a briefly trained model can score padding
+    above every context token), and then the answer depends on how much padding the window's batch had. Equal
+    logits rank the later position first; equal scores keep the order of a start-major scan, so the overall
+    n-best list (a stable sort of every window's candidates) is that of nested loops; a span outside its window's
+    top n can never reach the overall top n. Vectorised: this runs once per window of every dev evaluation.
     """
     in_context = _context_mask(offsets, len(start_logits))
     context = np.flatnonzero(in_context)

@@ -20,9 +20,10 @@ TARGET_SIZE_MB = 207  # DistilBERT on an iPhone 7 Plus (Sanh et al. 2019)
 PAPER_CPU_SPEEDUP = 1.6  # "60 % faster" than BERT-base on CPU (Sanh et al. 2019)
 SUMMARY_FIELDS = ("name", "model", "format", "precision", "path", "size_mb", "exact_match", "f1", "f1_source",
                   "latency_ms", "untimed_reason", "peak_rss_mb", "recipe", "session_options")
+RANDOM_INIT_ABLATION = "distill_pretrain/random_init_ablation"  # built by target study, not by the default DAG
 TRAINING_LOGS = {"teacher_pretrain": "teacher_pretrain", "teacher_finetune": "teacher",
                  "distill_pretrain (main)": "distill_pretrain/main",
-                 "distill_pretrain (random init)": "distill_pretrain/random_init_ablation",
+                 "distill_pretrain (random init)": RANDOM_INIT_ABLATION,
                  "distill_squad": "distill_squad", "student_finetune": "student_finetune"}
 NOT_LOSS_KEYS = {"step", "epoch", "lr", "tokens_per_second", "effective_batch_size", "phase"}
 
@@ -215,9 +216,9 @@ def plot_losses(root: Path, out_dir: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    # The random-init ablation is built by target `study`: its panel appears once it exists.
+    # The random-init ablation's panel appears once target study has built it.
     stages = {title: stage for title, stage in TRAINING_LOGS.items()
-              if "random init" not in title or (root / stage / "train_log.jsonl").is_file()}
+              if stage != RANDOM_INIT_ABLATION or (root / stage / "train_log.jsonl").is_file()}
     figure, axes = plt.subplots(2, 3, figsize=(13, 7))
     for axis in list(axes.flat)[len(stages):]:
         axis.set_visible(False)
