@@ -34,6 +34,10 @@ TRAIN_RESOURCES = {"mem_mb": CFG.compute.training_mem_mb, "gpu": CFG.compute.gpu
 # Local SQuAD and corpus files are inputs: editing one reruns what depends on it, a missing one stops the run here.
 DATA_FILES = local_data_files(CFG.data.squad, CFG.data.squad_dev, CFG.data.corpus)
 LIGHT_RESOURCES = {"mem_mb": CFG.compute.light_mem_mb, "gpu": 0}
+DATA_RESOURCES = {"mem_mb": CFG.compute.data_mem_mb, "gpu": 0}
+EXPORT_RESOURCES = {"mem_mb": CFG.compute.export_mem_mb, "gpu": 0}
+# A local corpus file is read where it is by tokenizer and tokenize_corpus: an edit reruns them.
+CORPUS_FILES = [f for f in DATA_FILES if f == CFG.data.corpus]
 # Rules that can run side by side (the two distill_pretrain variants; student_finetune and distill_squad)
 # take half the cores each: small models use two threads poorly, so on this 2-core machine two 1-thread jobs
 # finish in about 60 % of the time of one 2-thread job after the other.
@@ -125,7 +129,7 @@ rule all:
 rule prepare_data:
     input:
         data_files=DATA_FILES,
-        code=code("stages/prepare_data", "data", "synthetic", "mlm"),
+        code=code("stages/prepare_data", "data", "synthetic", "corpus"),
     output:
         directory(f"{ROOT}/data"),
     params:
@@ -138,7 +142,7 @@ rule prepare_data:
     priority: 3  # the chain to distill_squad is the critical path; other jobs fill the idle core
     threads: 1
     resources:
-        **LIGHT_RESOURCES,
+        **DATA_RESOURCES,
     shell:
         "{params.python:q} -m pipeline prepare-data --config-json {params.cfg:q} --out-dir {output:q} > {log:q} 2>&1"
 
@@ -146,7 +150,8 @@ rule prepare_data:
 rule tokenizer:
     input:
         data=rules.prepare_data.output[0],
-        code=code("stages/tokenizer", "mlm"),
+        corpus_file=CORPUS_FILES,
+        code=code("stages/tokenizer", "corpus", "data"),
     output:
         directory(f"{ROOT}/tokenizer"),
     params:
@@ -157,21 +162,47 @@ rule tokenizer:
     benchmark:
         f"{ROOT}/benchmarks/tokenizer.tsv"
     priority: 3  # the chain to distill_squad is the critical path; other jobs fill the idle core
-    threads: 1
+    threads: CFG.compute.data_threads  # the WordPiece trainer's own thread pool
     resources:
-        **LIGHT_RESOURCES,
+        **DATA_RESOURCES,
     shell:
-        "{params.python:q} -m pipeline tokenizer --config-json {params.cfg:q} --data-dir {input.data:q}"
+        "RAYON_NUM_THREADS={threads} {params.python:q} -m pipeline tokenizer --config-json {params.cfg:q} --data-dir {input.data:q}"
         " --out-dir {output:q} > {log:q} 2>&1"
+
+
+# The corpus, tokenized once into memory-mapped ids (one worker process per thread); every MLM stage and rank
+# reads these files.
+rule tokenize_corpus:
+    input:
+        data=rules.prepare_data.output[0],
+        tokenizer=rules.tokenizer.output[0],
+        corpus_file=CORPUS_FILES,
+        code=code("stages/tokenize_corpus", "corpus", "data"),
+    output:
+        directory(f"{ROOT}/corpus"),
+    params:
+        python=PYTHON,
+        cfg=stage_config("seed", "data"),
+    log:
+        f"{ROOT}/logs/tokenize_corpus.log",
+    benchmark:
+        f"{ROOT}/benchmarks/tokenize_corpus.tsv"
+    priority: 3  # the chain to distill_squad is the critical path; other jobs fill the idle core
+    threads: CFG.compute.data_threads
+    resources:
+        **DATA_RESOURCES,
+    shell:
+        "{params.python:q} -m pipeline tokenize-corpus --config-json {params.cfg:q} --data-dir {input.data:q}"
+        " --tokenizer-dir {input.tokenizer:q} --out-dir {output:q} --workers {threads} > {log:q} 2>&1"
 
 
 if TEACHER_FROM_SCRATCH:
 
     rule teacher_pretrain:
         input:
-            data=rules.prepare_data.output[0],
+            corpus=rules.tokenize_corpus.output[0],
             tokenizer=rules.tokenizer.output[0],
-            code=code("stages/teacher", "train", "masking", "mlm"),
+            code=code("stages/teacher", "train", "masking", "mlm", "corpus", "losses", "qa", "squad", "data"),
         output:
             directory(f"{ROOT}/teacher_pretrain"),
         params:
@@ -189,7 +220,7 @@ if TEACHER_FROM_SCRATCH:
             **TRAIN_RESOURCES,
         shell:
             "{params.launch} --config-json {params.cfg:q}"
-            " --data-dir {input.data:q} --tokenizer-dir {input.tokenizer:q} --out-dir {output:q}"
+            " --corpus-dir {input.corpus:q} --tokenizer-dir {input.tokenizer:q} --out-dir {output:q}"
             " --work-dir {params.work:q} > {log:q} 2>&1"
 
 
@@ -198,7 +229,7 @@ rule teacher_finetune:
         data=rules.prepare_data.output[0],
         tokenizer=rules.tokenizer.output[0],
         pretrained=[f"{ROOT}/teacher_pretrain"] if TEACHER_FROM_SCRATCH else [],
-        code=code("stages/teacher", "train", "qa", "squad", "data"),
+        code=code("stages/teacher", "train", "qa", "squad", "data", "masking", "mlm", "corpus", "losses"),
     output:
         directory(f"{ROOT}/teacher"),
     params:
@@ -221,29 +252,6 @@ rule teacher_finetune:
         "{params.launch} --config-json {params.cfg:q}"
         " --data-dir {input.data:q} --tokenizer-dir {input.tokenizer:q} {params.pretrained}"
         " --out-dir {output:q} --work-dir {params.work:q} > {log:q} 2>&1"
-
-
-rule token_counts:
-    input:
-        data=rules.prepare_data.output[0],
-        tokenizer=rules.tokenizer.output[0],
-        code=code("stages/token_counts", "mlm"),
-    output:
-        directory(f"{ROOT}/token_counts"),
-    params:
-        python=PYTHON,
-        cfg=stage_config("distill_pretrain"),
-    log:
-        f"{ROOT}/logs/token_counts.log",
-    benchmark:
-        f"{ROOT}/benchmarks/token_counts.tsv"
-    priority: 2  # needed only once teacher_pretrain is done: never ahead of it
-    threads: 1
-    resources:
-        **LIGHT_RESOURCES,
-    shell:
-        "{params.python:q} -m pipeline token-counts --config-json {params.cfg:q} --data-dir {input.data:q}"
-        " --tokenizer-dir {input.tokenizer:q} --out-dir {output:q} > {log:q} 2>&1"
 
 
 rule init_student:
@@ -278,9 +286,8 @@ rule distill_pretrain:
     input:
         student=f"{ROOT}/student_init/{{variant}}",
         teacher=[MLM_TEACHER] if TEACHER_FROM_SCRATCH else [],
-        data=rules.prepare_data.output[0],
-        token_counts=rules.token_counts.output[0],
-        code=code("stages/distill_pretrain", "train", "losses", "masking", "mlm", "stages/token_counts"),
+        corpus=rules.tokenize_corpus.output[0],
+        code=code("stages/distill_pretrain", "train", "losses", "masking", "mlm", "corpus", "students", "data"),
     output:
         directory(f"{ROOT}/distill_pretrain/{{variant}}"),
     wildcard_constraints:
@@ -302,8 +309,8 @@ rule distill_pretrain:
         **TRAIN_RESOURCES,
     shell:
         "{params.launch} --config-json {params.cfg:q}"
-        " --student-dir {input.student:q} --teacher {params.teacher:q} --data-dir {input.data:q}"
-        " --token-counts {input.token_counts:q}/token_counts.json --out-dir {output:q} --work-dir {params.work:q}"
+        " --student-dir {input.student:q} --teacher {params.teacher:q} --corpus-dir {input.corpus:q}"
+        " --out-dir {output:q} --work-dir {params.work:q}"
         " > {log:q} 2>&1"
 
 
@@ -313,8 +320,7 @@ rule distill_squad:
         teacher=rules.teacher_finetune.output[0],
         mlm_teacher=[MLM_TEACHER] if AUGMENT and TEACHER_FROM_SCRATCH else [],
         data=rules.prepare_data.output[0],
-        code=code("stages/distill_squad", "stages/distill_pretrain", "augment", "train", "losses", "qa", "squad",
-                  "students"),
+        code=code("stages/distill_squad", "augment", "train", "losses", "qa", "squad", "students", "data"),
     output:
         directory(f"{ROOT}/distill_squad"),
     params:
@@ -343,7 +349,7 @@ rule student_finetune:
         # ordering only: never in the way of a teacher rule that needs every core
         after_teacher=AFTER_EVERY_CORE_TEACHER,
         data=rules.prepare_data.output[0],
-        code=code("stages/distill_squad", "train", "losses", "qa", "squad"),
+        code=code("stages/distill_squad", "augment", "train", "losses", "qa", "squad", "students", "data"),
     output:
         directory(f"{ROOT}/student_finetune"),
     params:
@@ -383,7 +389,7 @@ rule export_onnx:
         f"{ROOT}/benchmarks/export_onnx_{{model}}.tsv"
     threads: 1
     resources:
-        **LIGHT_RESOURCES,
+        **EXPORT_RESOURCES,
     shell:
         "OMP_NUM_THREADS={threads} {params.python:q} -m pipeline export-onnx --config-json {params.cfg:q}"
         " --model-dir {input.model:q} --data-dir {input.data:q} --out-dir {output:q} > {log:q} 2>&1"
@@ -409,7 +415,7 @@ rule quantize_onnx:
         f"{ROOT}/benchmarks/quantize_onnx_{{model}}.tsv"
     threads: workflow.cores
     resources:
-        **LIGHT_RESOURCES,
+        **EXPORT_RESOURCES,
     shell:
         "OMP_NUM_THREADS={threads} {params.python:q} -m pipeline quantize-onnx --config-json {params.cfg:q}"
         " --onnx-dir {input.onnx:q} --model-dir {input.model:q} --data-dir {input.data:q} --out-dir {output:q}"
@@ -434,7 +440,7 @@ rule export_coreml:
         f"{ROOT}/benchmarks/export_coreml_{{model}}.tsv"
     threads: 1
     resources:
-        **LIGHT_RESOURCES,
+        **EXPORT_RESOURCES,
     shell:
         "OMP_NUM_THREADS={threads} {params.python:q} -m pipeline export-coreml --config-json {params.cfg:q}"
         " --model-dir {input.model:q} --data-dir {input.data:q} --out-dir {output:q} > {log:q} 2>&1"
@@ -461,8 +467,7 @@ rule export_reference:
         f"{ROOT}/benchmarks/export_reference_{{architecture}}.tsv"
     threads: 1
     resources:
-        mem_mb=CFG.compute.training_mem_mb,
-        gpu=0,
+        **EXPORT_RESOURCES,
     shell:
         "OMP_NUM_THREADS={threads} {params.python:q} -m pipeline export-reference --config-json {params.cfg:q}"
         " --architecture {wildcards.architecture:q} --out-dir {output:q} > {log:q} 2>&1"
@@ -512,8 +517,7 @@ rule benchmark:
         f"{ROOT}/benchmarks/benchmark.tsv"
     threads: workflow.cores
     resources:
-        mem_mb=CFG.compute.training_mem_mb,
-        gpu=0,
+        **EXPORT_RESOURCES,
     shell:
         "{params.python:q} -m pipeline benchmark --config-json {params.cfg:q} --root {params.root:q}"
         " --out-dir {output:q} > {log:q} 2>&1"

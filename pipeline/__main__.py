@@ -11,7 +11,7 @@ COMMANDS = {
     "tokenizer": ("pipeline.stages.tokenizer", "main"),
     "teacher-pretrain": ("pipeline.stages.teacher", "main_pretrain"),
     "teacher-finetune": ("pipeline.stages.teacher", "main_finetune"),
-    "token-counts": ("pipeline.stages.token_counts", "main"),
+    "tokenize-corpus": ("pipeline.stages.tokenize_corpus", "main"),
     "init-student": ("pipeline.stages.init_student", "main"),
     "distill-pretrain": ("pipeline.stages.distill_pretrain", "main"),
     "distill-squad": ("pipeline.stages.distill_squad", "main"),
@@ -27,6 +27,7 @@ COMMANDS = {
     "answer": ("pipeline.mobile", "main"),
     "evaluate-predictions": ("pipeline.squad", "evaluate_predictions_main"),
     "schema": ("pipeline.config", "print_schema_main"),
+    "verify": ("pipeline.artifacts", "verify_main"),
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import hashlib
 import json
@@ -90,12 +91,19 @@ def read_json(path: str | Path) -> Any:
 
 
 def fingerprint(*parts: Any, files: list[str | Path] = ()) -> str:
-    """A hash of the run's config and its input files' contents: checkpoints resume only the same run."""
+    """A hash of the run's config and its input files' contents: checkpoints resume only the same run.
+
+    A folder with a manifest.json contributes the manifest's hashes rather than its bytes, so a 20 GB corpus is
+    hashed once, when it is written, not again by every stage that fingerprints it.
+    """
     digest = hashlib.sha256()
     for part in parts:
         digest.update(json.dumps(part, sort_keys=True, default=str).encode())
     for file in files:
         file = Path(file)
+        if file.is_dir() and (file / "manifest.json").is_file():
+            digest.update(listed_files_digest(file))
+            continue
         paths = sorted(p for p in file.rglob("*") if p.is_file()) if file.is_dir() else [file]
         for p in paths:
             digest.update(p.name.encode())
@@ -103,6 +111,14 @@ def fingerprint(*parts: Any, files: list[str | Path] = ()) -> str:
                 for chunk in iter(lambda: handle.read(1 << 20), b""):
                     digest.update(chunk)
     return digest.hexdigest()[:16]
+
+
+def listed_files_digest(root: Path) -> bytes:
+    """Canonical JSON of the path, sha256 and bytes of every file in `root`'s manifest (its other fields, such as
+    library versions, do not describe the data and stay out)."""
+    files = read_manifest(root)["files"]
+    listed = {relative: {"sha256": entry["sha256"], "bytes": entry["bytes"]} for relative, entry in files.items()}
+    return json.dumps(listed, sort_keys=True, separators=(",", ":")).encode()
 
 
 def setup_logging() -> None:
@@ -141,26 +157,51 @@ def files_manifest(root: str | Path) -> dict[str, dict[str, Any]]:
     return entries
 
 
-def verify_manifest(root: str | Path) -> dict[str, Any]:
-    """Check every file listed in `root`/manifest.json; raise ManifestError naming the first bad file."""
-    root = Path(root)
-    manifest_path = root / "manifest.json"
+# Rehashed on every read only up to this size: a bigger file (a tokenized corpus) is hashed once, when written.
+FULL_HASH_MAX_BYTES = 64 * 2**20
+
+
+def read_manifest(root: str | Path) -> dict[str, Any]:
+    """`root`/manifest.json, with a "files" mapping; raise ManifestError when it is missing or unreadable."""
+    manifest_path = Path(root) / "manifest.json"
     if not manifest_path.is_file():
         raise ManifestError(f"{manifest_path}: missing; this folder was not written by the pipeline or is incomplete")
     try:
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        files = manifest["files"]
-    except (json.JSONDecodeError, KeyError, TypeError) as error:
+    except json.JSONDecodeError as error:
         raise ManifestError(f"{manifest_path}: unreadable manifest ({error})") from None
-    for relative, expected in files.items():
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        raise ManifestError(f"{manifest_path}: unreadable manifest (no \"files\" mapping)")
+    return manifest
+
+
+def full_verify_requested(full: bool) -> bool:
+    """True when asked by the caller or by PIPELINE_VERIFY_FULL=1 (to rehash everything in one run)."""
+    return full or os.environ.get("PIPELINE_VERIFY_FULL") == "1"
+
+
+def verify_manifest(root: str | Path, full: bool = False) -> dict[str, Any]:
+    """Check every file listed in `root`/manifest.json; raise ManifestError naming the first bad file.
+
+    Every file must exist with its listed size. Its sha256 is recomputed when it is at most FULL_HASH_MAX_BYTES,
+    or for every file with `full=True` or PIPELINE_VERIFY_FULL=1.
+    """
+    root = Path(root)
+    manifest = read_manifest(root)
+    files = manifest["files"]
+    for relative, expected in files.items():  # sizes first: cheap, and they catch a truncated file before any hashing
         path = root / relative
         if not path.is_file():
             raise ManifestError(f"{path}: listed in the manifest but missing")
         size = path.stat().st_size
         if size != expected["bytes"]:
             raise ManifestError(f"{path}: {size} bytes, the manifest says {expected['bytes']} (truncated or replaced)")
-        if file_sha256(path) != expected["sha256"]:
-            raise ManifestError(f"{path}: sha256 differs from the manifest (the file was changed)")
+    rehash_all = full_verify_requested(full)
+    for relative, expected in files.items():
+        if not rehash_all and expected["bytes"] > FULL_HASH_MAX_BYTES:
+            continue
+        if file_sha256(root / relative) != expected["sha256"]:
+            raise ManifestError(f"{root / relative}: sha256 differs from the manifest (the file was changed)")
     return manifest
 
 
@@ -199,18 +240,30 @@ def write_manifest(root: str | Path, config: Any = None) -> dict[str, Any]:
     return manifest
 
 
-def verify_input_dirs(*sources: str | Path | None) -> None:
+def verify_input_dirs(*sources: str | Path | None, full: bool = False) -> None:
     """Check the manifest of every input folder that has one; raise ManifestError naming the first bad file.
 
     Folders written by a pipeline stage always carry a manifest. A folder without one (a model downloaded or
-    trained elsewhere) and a hub name are taken as they are.
+    trained elsewhere) and a hub name are taken as they are. `full` is passed to verify_manifest.
     """
     for source in sources:
         if source is None:
             continue
         path = Path(source)
         if path.is_dir() and (path / "manifest.json").is_file():
-            verify_manifest(path)
+            verify_manifest(path, full=full)
+
+
+def verify_main(argv: list[str] | None = None) -> int:
+    """Rehash every file listed in each folder's manifest.json and compare it with the manifest."""
+    parser = argparse.ArgumentParser(prog="python -m pipeline verify", description=verify_main.__doc__)
+    parser.add_argument("dirs", nargs="+", metavar="DIR", help="a folder written by a pipeline stage")
+    args = parser.parse_args(argv)
+    for directory in args.dirs:
+        files = verify_manifest(directory, full=True)["files"]  # a bad file raises; the dispatcher prints "error: ..."
+        total_bytes = sum(entry["bytes"] for entry in files.values())
+        print(f"ok: {directory} ({len(files)} files, {megabytes(total_bytes)} MB)")
+    return 0
 
 
 def directory_size_bytes(path: str | Path) -> int:

@@ -79,9 +79,10 @@ class DataConfig:
     corpus_config_name: str | None = option(None, "Hub dataset configuration, e.g. 'wikitext-103-raw-v1'.")
     corpus_split: str = option("train", "Hub corpus split.")
     corpus_text_column: str = option("text", "Hub corpus column holding the text.")
-    max_corpus_lines: int | None = option(None, "Keep only the first N non-empty corpus lines (null: all).", minimum=1)
+    max_corpus_lines: int | None = option(None, "Keep only the first N corpus documents (null: all).", minimum=1)
     mlm_holdout_fraction: float = option(
-        0.05, "Fraction of corpus lines held out for masked-token accuracy.", exclusiveMinimum=0.0, maximum=0.5
+        0.05, "Fraction of corpus documents held out for masked-token accuracy (chosen by a seeded hash of the "
+        "document's index).", exclusiveMinimum=0.0, maximum=0.5
     )
     synthetic: SyntheticConfig = section(SyntheticConfig, "The offline synthetic world.")
 
@@ -124,6 +125,16 @@ class TrainConfig:
         "Batch examples of similar length together (transformers' length-grouped sampling: shuffled mega-batches "
         "of up to 50 batches, each sorted by length), so less compute goes to padding.",
     )
+    max_tokens_per_batch: int | None = option(
+        None, "MLM stages (teacher_pretrain, distill_pretrain): a micro-batch holds as many length-grouped sequences "
+        "as fit in this many padded tokens (sequences x the longest), and the loss is a per-token mean across "
+        "gradient accumulation. null: batch_size x the stage's max_seq_length.", minimum=16)
+    dataloader_workers: int = option(
+        0, "DataLoader worker processes that read, batch and mask ahead of the step (0: in the training "
+        "process). Give GPU runs a few; on a small CPU machine they only compete with training.", minimum=0)
+    process_group_timeout_minutes: int = option(
+        60, "Collective timeout of multi-process runs (NCCL's default of 10 minutes is too short for a first step "
+        "under torch.compile).", minimum=1)
     cpu_threads: int | None = option(
         None, "torch intra-op threads per training process on CPU, and the cores its Snakemake rule asks for. null: "
         "the rule's share of --cores, so the trained weights then depend on --cores (float sums differ with the "
@@ -172,7 +183,9 @@ class TeacherConfig:
     )
     architecture: TeacherArchitectureConfig = section(TeacherArchitectureConfig, "Shape of a from-scratch teacher.")
     mlm_probability: float = option(0.15, "Masked fraction for MLM pretraining (BERT: 0.15).", exclusiveMinimum=0.0, maximum=1.0)
-    pretrain_max_seq_length: int = option(128, "Corpus lines are truncated to this many tokens.", minimum=8)
+    pretrain_max_seq_length: int = option(
+        128, "Positions of an MLM pretraining sequence: longer documents are cut into chunks of this many tokens "
+        "with [CLS] and [SEP] (no text lost).", minimum=16)
     pretrain: TrainConfig = option(_default_pretrain, "Training of the from-scratch MLM teacher.")
     finetune: TrainConfig = option(_default_finetune, "SQuAD fine-tuning of the teacher.")
 
@@ -238,7 +251,9 @@ class DistillPretrainConfig:
     )
     smoothing_exponent: float = option(0.7, "Exponent of the token-frequency smoothing.", minimum=0.0)
     restrict_ce_to_mask: bool = option(False, "Compute L_ce only at masked positions (else all non-padding).")
-    max_seq_length: int = option(128, "Corpus lines are truncated to this many tokens.", minimum=8)
+    max_seq_length: int = option(
+        128, "Positions of a pretraining-distillation sequence: longer documents are cut into chunks of this many "
+        "tokens with [CLS] and [SEP] (no text lost).", minimum=16)
     run_random_init_ablation: bool = option(
         True, "Target `study` also distills a randomly initialised student with the same budget (the ablation)."
     )
@@ -538,7 +553,16 @@ class ComputeConfig:
         "bf16", "Autocast precision of training on CUDA (fp16 adds loss scaling); CPU training is always fp32."
     )
     training_mem_mb: int = option(8000, "Memory a training rule requests.", minimum=100)
-    light_mem_mb: int = option(2000, "Memory a data or tokenizer rule requests.", minimum=100)
+    light_mem_mb: int = option(2000, "Memory the small rules request (bundle, report, web benchmark).", minimum=100)
+    data_mem_mb: int = option(
+        2000, "Memory prepare_data, tokenizer and tokenize_corpus request (a tokenizing worker holds one batch of "
+        "documents; a trained WordPiece tokenizer's pair counts grow with the corpus's distinct words).", minimum=100)
+    data_threads: int = option(
+        2, "Cores tokenize_corpus (one tokenizing process each) and tokenizer training ask for. The output does not "
+        "depend on it.", minimum=1)
+    export_mem_mb: int = option(
+        4000, "Memory the export, quantization, CoreML, reference and benchmark rules request (full-size BERT-base "
+        "exports hold several copies of the model).", minimum=100)
 
     def __post_init__(self) -> None:
         if self.gpus and self.processes != self.gpus:

@@ -102,11 +102,15 @@ def hidden_cosine_loss(student_hidden: Tensor, teacher_hidden: Tensor, attention
     """
     _check_same_width(student_hidden, teacher_hidden, "hidden_cosine_loss")
     keep = attention_mask.bool()
-    student_rows = student_hidden[keep]
-    teacher_rows = teacher_hidden.detach()[keep]
+    return hidden_rows_cosine_loss(student_hidden[keep], teacher_hidden[keep])
+
+
+def hidden_rows_cosine_loss(student_rows: Tensor, teacher_rows: Tensor) -> Tensor:
+    """Mean of 1 − cos(h_s, h_t) over ``[N, H]`` rows (the non-padding positions)."""
+    _check_same_width(student_rows, teacher_rows, "hidden_cosine_loss")
     if student_rows.shape[0] == 0:
-        return _zero_with_graph(student_hidden)
-    return (1.0 - F.cosine_similarity(student_rows, teacher_rows, dim=-1)).mean()
+        return _zero_with_graph(student_rows)
+    return (1.0 - F.cosine_similarity(student_rows, teacher_rows.detach(), dim=-1)).mean()
 
 
 # --------------------------------------------------------------------------------------------
@@ -125,41 +129,57 @@ def mlm_distillation_loss(
     temperature: float,
     restrict_ce_to_mask: bool = False,
 ) -> dict[str, Tensor]:
-    """The DistilBERT triple loss: loss = w_ce·L_ce + w_mlm·L_mlm + w_cos·L_cos (+ w_mse·L_mse).
+    """The DistilBERT triple loss on whole batches: loss = w_ce·L_ce + w_mlm·L_mlm + w_cos·L_cos (+ w_mse·L_mse).
 
     Shapes: logits ``[B, S, V]``, hidden ``[B, S, H]``, labels and attention_mask ``[B, S]``
-    (labels are -100 except at masked positions).
+    (labels are -100 except at masked positions). Selects the rows each term reads and computes the terms with
+    ``mlm_distillation_terms``, the function pretraining distillation calls on rows it selected itself.
+    """
+    masked = labels.ne(IGNORED_LABEL)
+    tokens = attention_mask.bool()
+    ce_positions = masked if restrict_ce_to_mask else tokens
+    # Masked rows among the L_ce rows: all of them when L_ce is restricted to the mask.
+    masked_rows = None if restrict_ce_to_mask else masked[tokens].nonzero().squeeze(1)
+    return mlm_distillation_terms(
+        student_logits[ce_positions], teacher_logits.detach()[ce_positions], masked_rows, labels[masked],
+        student_hidden[tokens], teacher_hidden.detach()[tokens], weights, temperature,
+    )
 
-    - L_ce: ``soft_target_kl_loss`` over non-padding positions, or only over masked positions
-      when ``restrict_ce_to_mask`` (the reference ``--restrict_ce_to_mask`` flag).
-    - L_mlm: ``masked_lm_loss`` over masked positions.
-    - L_cos: ``hidden_cosine_loss`` over non-padding positions.
-    - L_mse: ``logits_mse_loss`` over the L_ce positions, only when its weight is > 0.
 
-    ``weights`` uses the keys ce, mlm, cos, mse; a missing key means weight 0. Returns the named
-    terms and their weighted sum under "loss".
+def mlm_distillation_terms(
+    student_ce_logits: Tensor,
+    teacher_ce_logits: Tensor,
+    masked_rows: Tensor | None,
+    masked_labels: Tensor,
+    student_token_hidden: Tensor,
+    teacher_token_hidden: Tensor,
+    weights: Mapping[str, float],
+    temperature: float,
+) -> dict[str, Tensor]:
+    """The DistilBERT triple loss on selected rows (Sanh et al. 2019; the reference distiller):
+    loss = w_ce·L_ce + w_mlm·L_mlm + w_cos·L_cos (+ w_mse·L_mse).
+
+    - ``student_ce_logits``/``teacher_ce_logits`` ``[N, V]``: the rows L_ce reads (every non-padding token, or
+      only the masked ones: the reference ``--restrict_ce_to_mask``). The vocabulary projection dominates a
+      step's cost and memory, so callers project only these rows, never the ``[B, S, V]`` grid.
+    - L_ce: ``soft_target_kl_loss`` at temperature T over those rows.
+    - L_mlm: ``masked_lm_loss`` of the masked rows (``masked_rows`` indexes them among the L_ce rows; None: they
+      are all the L_ce rows) against ``masked_labels``.
+    - L_cos: 1 − cos(h_s, h_t) averaged over the ``[M, H]`` hidden rows of every non-padding token.
+    - L_mse: ``logits_mse_loss`` over the L_ce rows, only when its weight is > 0.
+
+    ``weights`` uses the keys ce, mlm, cos, mse; a missing key means weight 0. Returns the named terms and their
+    weighted sum under "loss". Row selection by index: nothing here reads a tensor's values on the host.
     """
     _check_weights(weights)
-    masked = labels.ne(IGNORED_LABEL)
-    ce_positions = masked if restrict_ce_to_mask else attention_mask.bool()
-
-    # The [B, S, V] logits dominate memory (V = 30,522 for bert-base), so select rows with one
-    # boolean index per tensor ([N, V], the only copy) instead of the reference's mask expanded
-    # to [B, S, V] + masked_select, and never log-softmax the full [B, S, V] tensor.
-    student_ce_rows = student_logits[ce_positions]
-    teacher_ce_rows = teacher_logits.detach()[ce_positions]
-    if restrict_ce_to_mask:
-        student_mlm_rows = student_ce_rows  # same positions: reuse, no second gather
-    else:
-        student_mlm_rows = student_logits[masked]
-
+    student_mlm_rows = student_ce_logits if masked_rows is None else student_ce_logits.index_select(0, masked_rows)
     terms = {
-        "ce": soft_target_kl_loss(student_ce_rows, teacher_ce_rows, temperature),
-        "mlm": masked_lm_loss(student_mlm_rows, labels[masked]),
-        "cos": hidden_cosine_loss(student_hidden, teacher_hidden, attention_mask),
+        "ce": soft_target_kl_loss(student_ce_logits, teacher_ce_logits, temperature),
+        "mlm": masked_lm_loss(student_mlm_rows, masked_labels),
+        "cos": hidden_rows_cosine_loss(student_token_hidden.float(), teacher_token_hidden.float()),
     }
     if weights.get("mse", 0.0) > 0:
-        terms["mse"] = logits_mse_loss(student_ce_rows, teacher_ce_rows)
+        terms["mse"] = logits_mse_loss(student_ce_logits, teacher_ce_logits)
     total = sum(weights.get(name, 0.0) * value for name, value in terms.items())
     return {"loss": total, **terms}
 

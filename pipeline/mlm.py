@@ -1,43 +1,88 @@
-"""Masked-language-model data shared by teacher pretraining and pretraining distillation."""
+"""Masked-language-model batches shared by teacher pretraining and pretraining distillation.
+
+A batch is built and masked on the CPU (in a DataLoader worker when the stage has some), and carries the flat
+indices of the rows each loss reads, so the step on the device selects rows with index_select and never needs
+a boolean mask's count from the host (a GPU sync).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import copy
+from typing import Any, Sequence
 
+import numpy as np
 import torch
 
-from pipeline.data import read_corpus_lines  # noqa: F401 (the MLM stages read their corpus through here)
 from pipeline.masking import mask_tokens
-
-
-def tokenize_corpus(lines: list[str], tokenizer: Any, max_seq_length: int) -> list[list[int]]:
-    """One [CLS] line [SEP] sequence per corpus line, truncated; no sentence pairs (no NSP)."""
-    encoded = tokenizer(lines, truncation=True, max_length=max_seq_length, add_special_tokens=True)
-    return encoded["input_ids"]
-
-
-def collate_sequences(sequences: list[list[int]], pad_token_id: int, special_token_ids: list[int]) -> dict:
-    """Pad a batch on the right; mark special tokens (never masked)."""
-    length = max(len(s) for s in sequences)
-    input_ids = torch.full((len(sequences), length), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(sequences), length), dtype=torch.long)
-    for row, sequence in enumerate(sequences):
-        input_ids[row, : len(sequence)] = torch.tensor(sequence)
-        attention_mask[row, : len(sequence)] = 1
-    special_tokens_mask = torch.isin(input_ids, torch.tensor(special_token_ids))
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "special_tokens_mask": special_tokens_mask}
 
 
 def special_token_ids(tokenizer: Any) -> list[int]:
     return sorted(set(tokenizer.all_special_ids))
 
 
+class MaskedBatchCollator:
+    """Sequences of ids (no [CLS]/[SEP]) -> a dynamically masked batch.
+
+    Keys: input_ids (masked) and attention_mask [B, S]; labels [B, S] (-100 except at selected positions);
+    token_positions (flat indices of the non-padding positions), masked_positions (flat indices of the selected
+    ones), masked_labels (their true ids), masked_in_tokens (where each selected position sits among
+    token_positions); n_tokens and loss_tokens (host integers: real tokens, for throughput and per-token loss
+    weighting)."""
+
+    def __init__(self, tokenizer: Any, mlm_probability: float, selection_weights: torch.Tensor | None = None):
+        self.cls_id, self.sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
+        self.pad_id, self.mask_id = tokenizer.pad_token_id, tokenizer.mask_token_id
+        self.vocab_size = len(tokenizer)
+        self.special_ids = torch.tensor(special_token_ids(tokenizer))
+        self.mlm_probability = mlm_probability
+        self.selection_weights = None if selection_weights is None else selection_weights.cpu()
+
+    def __call__(self, sequences: Sequence[np.ndarray], generator: torch.Generator | None = None) -> dict:
+        batch = self.pad(sequences)
+        masked, labels = mask_tokens(
+            batch["input_ids"], batch["special_tokens_mask"], self.mask_id, self.vocab_size, self.mlm_probability,
+            selection_weights=self.selection_weights, generator=generator,
+        )
+        flat_labels = labels.flatten()
+        token_positions = batch["attention_mask"].flatten().nonzero().squeeze(1)
+        masked_positions = flat_labels.ne(-100).nonzero().squeeze(1)
+        return {
+            "input_ids": masked,
+            "attention_mask": batch["attention_mask"],
+            "labels": labels,
+            "token_positions": token_positions,
+            "masked_positions": masked_positions,
+            "masked_labels": flat_labels[masked_positions],
+            "masked_in_tokens": torch.searchsorted(token_positions, masked_positions),
+            "n_tokens": len(token_positions),
+            "loss_tokens": len(token_positions),
+        }
+
+    def pad(self, sequences: Sequence[np.ndarray]) -> dict[str, torch.Tensor]:
+        """[CLS] ids [SEP], right-padded to the batch's longest; special_tokens_mask marks what is never masked."""
+        length = max(len(s) for s in sequences) + 2
+        input_ids = torch.full((len(sequences), length), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(sequences), length), dtype=torch.long)
+        for row, sequence in enumerate(sequences):
+            n = len(sequence)
+            input_ids[row, 0] = self.cls_id
+            input_ids[row, 1 : n + 1] = torch.from_numpy(np.asarray(sequence, dtype=np.int64))
+            input_ids[row, n + 1] = self.sep_id
+            attention_mask[row, : n + 2] = 1
+        special_tokens_mask = torch.isin(input_ids, self.special_ids)
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "special_tokens_mask": special_tokens_mask}
+
+
+def rows(hidden: torch.Tensor, flat_positions: torch.Tensor) -> torch.Tensor:
+    """Rows of a [B, S, H] tensor at flat positions (b * S + s): [N, H], with no host sync."""
+    return hidden.flatten(0, 1).index_select(0, flat_positions)
+
+
 @torch.no_grad()
 def masked_token_accuracy(
     models: dict[str, torch.nn.Module],
-    sequences: list[list[int]],
-    tokenizer: Any,
-    mlm_probability: float,
+    sequences: Sequence[np.ndarray],
+    collator: MaskedBatchCollator,
     seed: int,
     device: torch.device,
     batch_size: int = 64,
@@ -45,27 +90,23 @@ def masked_token_accuracy(
     """Top-1 accuracy at masked positions on held-out sequences, for each model on the SAME masks.
 
     The masks come from a generator seeded with `seed`, so student and teacher are scored on identical
-    inputs and the number is reproducible.
+    inputs and the number is reproducible. Smoothing is off: every real token is equally likely to be scored.
     """
     generator = torch.Generator().manual_seed(seed)
-    specials = special_token_ids(tokenizer)
+    uniform = copy.copy(collator)
+    uniform.selection_weights = None
     correct = {name: 0 for name in models}
     total = 0
     states = {name: model.training for name, model in models.items()}
     for model in models.values():
         model.eval()
     for begin in range(0, len(sequences), batch_size):
-        batch = collate_sequences(sequences[begin : begin + batch_size], tokenizer.pad_token_id, specials)
-        masked, labels = mask_tokens(
-            batch["input_ids"], batch["special_tokens_mask"], tokenizer.mask_token_id, len(tokenizer),
-            mlm_probability, generator=generator,
-        )
-        selected = labels != -100
-        total += int(selected.sum())
+        batch = uniform([sequences[i] for i in range(begin, min(begin + batch_size, len(sequences)))], generator)
+        total += len(batch["masked_positions"])
         for name, model in models.items():
-            logits = model(input_ids=masked.to(device), attention_mask=batch["attention_mask"].to(device)).logits
-            predictions = logits[selected.to(device)].argmax(-1).cpu()
-            correct[name] += int((predictions == labels[selected]).sum())
+            logits = model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device)).logits
+            predictions = rows(logits, batch["masked_positions"].to(device)).argmax(-1).cpu()
+            correct[name] += int((predictions == batch["masked_labels"]).sum())
     for name, model in models.items():
         model.train(states[name])
     return {name: correct[name] / max(total, 1) for name in models} | {"n_masked_tokens": total}

@@ -53,7 +53,8 @@ def window_collate(windows: dict[str, torch.Tensor]):
     full_length = windows["input_ids"].shape[1]
     sequence_names = [n for n, t in windows.items() if t.dim() == 2 and t.shape[1] == full_length]
 
-    def collate(indices: list[int]) -> dict[str, torch.Tensor]:
+    def collate(indices: list[int], generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+        # `generator`: the training loop's per-batch random source; window batches draw nothing from it.
         batch = {name: tensor[indices] for name, tensor in windows.items()}
         length = int(batch["attention_mask"].sum(dim=1).max())
         for name in sequence_names:

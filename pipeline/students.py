@@ -343,3 +343,11 @@ def _check_tying_is_consistent(teacher_state: Mapping[str, torch.Tensor], studen
             "the student ties vocab_projector to its word embeddings but the teacher's MLM decoder differs "
             "from its word embeddings; build the student config with tie_word_embeddings=False"
         )
+
+
+def freeze(teacher: torch.nn.Module) -> torch.nn.Module:
+    """The teacher only supplies targets: eval mode (no dropout), no gradients, not in the optimizer."""
+    teacher.eval()
+    for parameter in teacher.parameters():
+        parameter.requires_grad_(False)
+    return teacher

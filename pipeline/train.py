@@ -1,18 +1,23 @@
 """The one training loop every training stage shares.
 
 A stage supplies the trainable module, the examples, a collate function and `compute_loss(batch) -> dict`
-of named loss terms (the key "loss" is the one optimised). This loop owns the rest: device placement, mixed
-precision on CUDA, gradient accumulation, AdamW with linear warm-up/decay, clipping, logging (progress bar,
-the rule's log, a JSON Lines file), and atomic checkpoints from which a rerun resumes bit-for-bit on CPU.
+of named loss terms (the key "loss" is the one optimised). This loop owns the rest: the DataLoader (workers,
+pinned memory), device placement, mixed precision on CUDA, gradient accumulation, AdamW with linear
+warm-up/decay, clipping, logging (progress bar, the rule's log, a JSON Lines file), and atomic checkpoints from
+which a rerun resumes bit-for-bit on CPU.
 
-Determinism: the data order of epoch e comes from its own generator seeded with (seed, e), never from the
-global RNG, so resuming only has to skip the batches already consumed; dropout and dynamic masking draw
-from the global torch RNG, whose state each checkpoint saves and restores.
+Determinism: the batches of epoch e come from (seed, e) alone, never from the global RNG, so resuming only has
+to skip the batches already consumed; each batch's collate gets its own generator seeded with (seed, rank,
+position), so dynamic masks do not depend on loader workers or on resuming; dropout draws from the global torch
+RNG, whose state each checkpoint saves and restores.
 
-Several processes: launched by `torchrun` or `accelerate launch` (PyTorch DDP over NCCL on GPUs, gloo on
-CPU), each process trains on its own shard of every global batch (the length-grouped batch of
-batch_size x processes examples, split by rank), the gradients are averaged across processes before each
-optimizer step, and only rank 0 logs, checkpoints and goes on to evaluate and write the stage's outputs.
+Several processes: launched by `torchrun` or `accelerate launch`, the loss is computed through PyTorch's
+DistributedDataParallel (NCCL on GPUs, gloo on CPU), whose gradient all-reduce runs once per optimizer step
+(`no_sync` during accumulation). Each rank trains on its own batches; `train()` returns on every rank, and
+stages leave evaluation and outputs to rank 0.
+
+No host syncs inside a step: loss terms stay on the device and are read once every `log_every` steps; token
+counts come from the collate on the CPU.
 """
 
 from __future__ import annotations
@@ -27,11 +32,14 @@ import shutil
 import signal
 import sys
 import time
-from collections import defaultdict
+from contextlib import nullcontext
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+import numpy as np
+import psutil
 import torch
 import torch.distributed
 from safetensors.torch import load_model, save_model
@@ -63,6 +71,7 @@ class TrainResult:
     processes: int = 1
     effective_batch_size: int = 0
     mixed_precision: str = "no"
+    first_step_seconds: float = 0.0
 
     def as_metrics(self) -> dict[str, Any]:
         return {
@@ -77,6 +86,8 @@ class TrainResult:
             "peak_memory_mb": round(self.peak_memory_mb, 1),
             "resumed_from_step": self.resumed_from_step,
             "device": self.device,
+            # From the process's start to the end of the first optimizer step: model and data loading included.
+            "first_step_seconds": round(self.first_step_seconds, 3),
         }
 
 
@@ -139,7 +150,9 @@ def prepare_run(cfg: TrainConfig, seed: int) -> torch.device:
     device = resolve_device(cfg, group.local_rank)
     if group.distributed and not torch.distributed.is_initialized():
         die_with_the_launcher()
-        torch.distributed.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+        # A long first step (torch.compile, a cold file cache) must not trip the collective timeout.
+        torch.distributed.init_process_group(backend="nccl" if device.type == "cuda" else "gloo",
+                                             timeout=timedelta(minutes=cfg.process_group_timeout_minutes))
     return device
 
 
@@ -227,9 +240,113 @@ def shard(global_batch: list[int], rank: int, world_size: int) -> list[int]:
     return padded[rank::world_size]
 
 
+# An epoch plan: epoch -> every batch of the epoch for all ranks together (a multiple of world_size of them,
+# batch b for rank b % world_size), each a list or array of example indices. The MLM stages pass a token-budget
+# plan (pipeline.corpus.token_budget_batches); without one, batches hold batch_size examples.
+EpochPlan = Callable[[int], Sequence[Sequence[int]]]
+
+
+def examples_per_batch_plan(
+    n_examples: int, batch_size: int, seed: int, world_size: int, lengths: Sequence[int] | None = None,
+) -> EpochPlan:
+    """batch_size examples per rank and micro-batch: global batches of batch_size x world_size examples (length
+    grouped when `lengths` are given), each split between the ranks by `shard`."""
+
+    def plan(epoch: int) -> list[list[int]]:
+        batches = []
+        for global_batch in epoch_batches(n_examples, batch_size * world_size, seed, epoch, lengths=lengths):
+            batches.extend(shard(global_batch, rank, world_size) for rank in range(world_size))
+        return batches
+
+    return plan
+
+
+def rank_batches(plan: EpochPlan, epoch: int, group: ProcessGroup) -> Sequence[Sequence[int]]:
+    return plan(epoch)[group.rank :: group.world_size]
+
+
+def planned_positions(
+    plan: EpochPlan, start_micro_batch: int, total_micro_batches: int, group: ProcessGroup = ProcessGroup(),
+) -> Iterator[tuple[int, Sequence[int]]]:
+    """(position, example indices) of this rank's micro-batches in order, epoch after epoch, from
+    `start_micro_batch` on. Positions count this rank's micro-batches, the same on every rank, so a resumed run
+    restarts every rank where it stopped."""
+    epoch, epoch_start = 0, 0  # epoch_start: the position of the epoch's first micro-batch
+    while epoch_start < total_micro_batches:
+        batches = rank_batches(plan, epoch, group)
+        if not batches:
+            raise ValueError("an epoch without batches: no training examples")
+        for offset in range(max(0, start_micro_batch - epoch_start), len(batches)):
+            if epoch_start + offset >= total_micro_batches:
+                return
+            yield epoch_start + offset, batches[offset]
+        epoch_start += len(batches)
+        epoch += 1
+
+
+class _PlannedPositions:
+    """The loader's sampler: planned_positions, computed lazily one epoch at a time."""
+
+    def __init__(self, plan: EpochPlan, start: int, total: int, group: ProcessGroup):
+        self.plan, self.start, self.total, self.group = plan, start, total, group
+
+    def __iter__(self) -> Iterator[tuple[int, Sequence[int]]]:
+        return planned_positions(self.plan, self.start, self.total, self.group)
+
+
+def batch_generator(seed: int, rank: int, position: int) -> torch.Generator:
+    """The random source of one batch's collate (dynamic masking): a function of (seed, rank, position) only."""
+    return torch.Generator().manual_seed(((seed * 1_000_003 + rank) * 10_000_019 + position) % 2**63)
+
+
+class PlannedBatches(torch.utils.data.Dataset):
+    """Map-style dataset over (position, indices) items: a loader worker reads the examples of one micro-batch
+    and collates them, with that batch's own generator."""
+
+    def __init__(self, examples: Sequence[Any], collate: Callable, seed: int, rank: int):
+        self.examples, self.collate, self.seed, self.rank = examples, collate, seed, rank
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def __getitem__(self, item: tuple[int, Sequence[int]]) -> Batch:
+        position, indices = item
+        return self.collate([self.examples[int(i)] for i in indices], batch_generator(self.seed, self.rank, position))
+
+
+def _keep_as_is(batch: Batch) -> Batch:
+    return batch
+
+
+def micro_batch_loader(
+    examples: Sequence[Any],
+    collate: Callable,
+    plan: EpochPlan,
+    seed: int,
+    start_micro_batch: int,
+    total_micro_batches: int,
+    group: ProcessGroup = ProcessGroup(),
+    workers: int = 0,
+    pin_memory: bool = False,
+) -> torch.utils.data.DataLoader:
+    """This rank's remaining micro-batches through a DataLoader: `workers` processes read and collate them (with
+    masking) ahead of the step, in order; pinned memory makes the copy to a GPU asynchronous."""
+    return torch.utils.data.DataLoader(
+        PlannedBatches(examples, collate, seed, group.rank),
+        sampler=_PlannedPositions(plan, start_micro_batch, total_micro_batches, group),
+        batch_size=None,  # each item is already a whole micro-batch
+        collate_fn=_keep_as_is,
+        num_workers=workers,
+        pin_memory=pin_memory,
+        # The loader's base seed comes from this generator, never from the global RNG that dropout uses.
+        generator=torch.Generator().manual_seed(seed),
+        persistent_workers=False,
+    )
+
+
 def micro_batch_stream(
     examples: Sequence[Any],
-    collate: Callable[[list[Any]], Batch],
+    collate: Callable,
     batch_size: int,
     seed: int,
     start_micro_batch: int,
@@ -237,34 +354,29 @@ def micro_batch_stream(
     lengths: Sequence[int] | None = None,
     group: ProcessGroup = ProcessGroup(),
 ) -> Iterator[Batch]:
-    """This rank's micro-batches in order, epoch after epoch, starting after the ones already consumed.
-
-    Positions count global micro-batches (batch_size x world_size examples), the same on every rank, so a
-    resumed run restarts every shard where it stopped."""
-    global_batch_size = batch_size * group.world_size
-    batches_per_epoch = math.ceil(len(examples) / global_batch_size)
-    position = start_micro_batch
-    while position < total_micro_batches:
-        epoch, offset = divmod(position, batches_per_epoch)
-        for indices in epoch_batches(len(examples), global_batch_size, seed, epoch, lengths=lengths)[offset:]:
-            if position >= total_micro_batches:
-                return
-            yield collate([examples[i] for i in shard(indices, group.rank, group.world_size)])
-            position += 1
+    """The micro-batches of the examples-per-batch plan in order, collated in this process (tests, tools)."""
+    plan = examples_per_batch_plan(len(examples), batch_size, seed, group.world_size, lengths)
+    dataset = PlannedBatches(examples, collate, seed, group.rank)
+    for item in planned_positions(plan, start_micro_batch, total_micro_batches, group):
+        yield dataset[item]
 
 
 def to_device(batch: Batch, device: torch.device) -> Batch:
     return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
-def count_optimizer_steps(cfg: TrainConfig, n_examples: int, world_size: int = 1) -> tuple[int, int]:
-    """(optimizer steps, micro-batches) of the run: max_steps when set, else `epochs` passes."""
-    batches_per_epoch = math.ceil(n_examples / (cfg.batch_size * world_size))
+def count_optimizer_steps(cfg: TrainConfig, batches_per_epoch: int) -> tuple[int, int]:
+    """(optimizer steps, micro-batches per rank) of the run: max_steps when set, else `epochs` passes over
+    epochs of `batches_per_epoch` micro-batches per rank."""
     if cfg.max_steps:
         return cfg.max_steps, cfg.max_steps * cfg.grad_accum_steps
     micro_batches = max(1, math.ceil(cfg.epochs * batches_per_epoch))
     steps = math.ceil(micro_batches / cfg.grad_accum_steps)
     return steps, steps * cfg.grad_accum_steps
+
+
+def seconds_since_process_start() -> float:
+    return time.time() - psutil.Process().create_time()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -288,23 +400,50 @@ def build_optimizer(module: torch.nn.Module, cfg: TrainConfig, device: torch.dev
     )
 
 
-def average_gradients(module: torch.nn.Module, world_size: int) -> None:
-    """Average the trainable parameters' gradients over all processes: one all_reduce per optimizer step.
+class LossComputation(torch.nn.Module):
+    """The trained module with the stage's loss as its forward, so that DistributedDataParallel wraps the whole
+    loss computation: DDP arms its gradient all-reduce in its own forward, and a stage's loss calls submodules
+    (student.distilbert, model.cls) and a frozen teacher that a wrapper of the model alone would never see.
+    Only `module` is registered: the teacher takes no part in DDP (no broadcast, no gradients)."""
 
-    This is DDP's gradient synchronisation with accumulation under no_sync. DDP's wrapper arms its reducer in
-    its own forward, and a stage's loss calls submodules (student.distilbert, model.cls) that the wrapper's
-    forward never sees, so the loop reduces the gradients itself, in one flat buffer. Frozen modules (the
-    teacher) have no trainable parameters and take no part."""
-    parameters = [p for p in module.parameters() if p.requires_grad]
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in parameters]
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    torch.distributed.all_reduce(flat, op=torch.distributed.ReduceOp.SUM)
-    flat /= world_size
-    offset = 0
-    for parameter, grad in zip(parameters, grads):
-        count = grad.numel()
-        parameter.grad = flat[offset : offset + count].view_as(grad).clone()
-        offset += count
+    def __init__(self, module: torch.nn.Module, compute_loss: Callable[[Batch], dict[str, torch.Tensor]]):
+        super().__init__()
+        self.module = module
+        self.compute_loss = compute_loss
+
+    def forward(self, batch: Batch) -> dict[str, torch.Tensor]:
+        return self.compute_loss(batch)
+
+
+def wrap_for_processes(
+    module: torch.nn.Module, compute_loss: Callable, group: ProcessGroup, device: torch.device,
+    find_unused_parameters: bool = False,
+) -> torch.nn.Module:
+    """The loss computation, under DDP when there are several processes."""
+    computation = LossComputation(module, compute_loss)
+    if not group.distributed:
+        return computation
+    return torch.nn.parallel.DistributedDataParallel(
+        computation, device_ids=[device.index] if device.type == "cuda" else None,
+        find_unused_parameters=find_unused_parameters,
+    )
+
+
+def micro_batch_loss_scales(batches: list[Batch], cfg: TrainConfig, group: ProcessGroup, device: torch.device):
+    """How much each micro-batch's loss counts in the optimizer step.
+
+    Batches whose collate reports `loss_tokens` (the MLM stages: token-budget batches of varying size) are weighed
+    by their share of the step's tokens over every micro-batch and rank, so the loss is a per-token mean across
+    gradient accumulation; DDP averages over ranks, hence the factor world_size. Other batches count 1/accum each."""
+    if "loss_tokens" not in batches[0]:
+        return [None] * len(batches)
+    tokens = [float(batch["loss_tokens"]) for batch in batches]
+    if not group.distributed:
+        total = sum(tokens)
+        return [count / total for count in tokens]
+    total = torch.tensor(sum(tokens), dtype=torch.float32, device=device)
+    torch.distributed.all_reduce(total)  # stays on the device: no host sync
+    return [count * group.world_size / total for count in tokens]
 
 
 def all_ranks_sum(values: list[float], group: ProcessGroup, device: torch.device) -> list[float]:
@@ -314,6 +453,17 @@ def all_ranks_sum(values: list[float], group: ProcessGroup, device: torch.device
     tensor = torch.tensor(values, dtype=torch.float64, device=device)
     torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.SUM)
     return tensor.tolist()
+
+
+def all_ranks_sum_tensors(
+    device_values: list[torch.Tensor], host_values: list[float], group: ProcessGroup, device: torch.device,
+) -> list[float]:
+    """Sum 0-d device tensors and host numbers over all processes, read back to the host in one transfer."""
+    host = torch.tensor(host_values, dtype=torch.float64, device=device)
+    stacked = torch.cat([torch.stack(device_values).double(), host]) if device_values else host
+    if group.distributed:
+        torch.distributed.all_reduce(stacked, op=torch.distributed.ReduceOp.SUM)
+    return stacked.tolist()
 
 
 def barrier(group: ProcessGroup) -> None:
@@ -467,7 +617,7 @@ def train(
     module: torch.nn.Module,
     compute_loss: Callable[[Batch], dict[str, torch.Tensor]],
     examples: Sequence[Any],
-    collate: Callable[[list[Any]], Batch],
+    collate: Callable[[list[Any], torch.Generator], Batch],
     cfg: TrainConfig,
     seed: int,
     device: torch.device,
@@ -476,23 +626,29 @@ def train(
     fingerprint: str,
     description: str = "train",
     example_lengths: Sequence[int] | None = None,
+    batch_plan: EpochPlan | None = None,
+    find_unused_parameters: bool = False,
     final: bool = True,
 ) -> TrainResult:
     """Train `module` (every parameter that requires grad) by minimising compute_loss(batch)["loss"].
 
-    `compute_loss` receives each micro-batch already on `device`, under autocast on CUDA, and returns the
-    named loss terms; every term is logged. Tokens per second count the batch's attention_mask (or input_ids).
+    `collate(examples, generator)` builds a micro-batch on the CPU (in a loader worker when
+    cfg.dataloader_workers > 0); `compute_loss` receives it on `device`, under autocast on CUDA, and returns the
+    named loss terms; every term is logged. Batches are `batch_plan`'s when given (token budgets), else
+    batch_size examples. Tokens per second count the batch's `n_tokens`, else its attention_mask.
 
-    Under a launcher with several processes, ranks other than 0 end their process when training is done:
-    evaluation and every output are rank 0's. A stage that trains again afterwards (a first phase) passes
-    ``final=False``: every rank then returns and the process group stays up.
+    Under a launcher with several processes every rank returns; the process group is destroyed after the
+    stage's last training (``final``), and a stage that trains again afterwards passes ``final=False``.
     """
     if len(examples) == 0:
         raise ValueError(f"{description}: no training examples")
-    if cfg.group_by_length and example_lengths is None:
+    if batch_plan is None and cfg.group_by_length and example_lengths is None:
         raise ValueError(f"{description}: group_by_length is set but the stage passed no example_lengths")
     group = process_group_from_env()
-    total_steps, total_micro_batches = count_optimizer_steps(cfg, len(examples), group.world_size)
+    if batch_plan is None:
+        lengths = example_lengths if cfg.group_by_length else None
+        batch_plan = examples_per_batch_plan(len(examples), cfg.batch_size, seed, group.world_size, lengths)
+    total_steps, total_micro_batches = count_optimizer_steps(cfg, len(rank_batches(batch_plan, 0, group)))
     optimizer = build_optimizer(module, cfg, device)
     scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * total_steps), total_steps)
     precision = mixed_precision(cfg, device)
@@ -500,11 +656,12 @@ def train(
     scaler = torch.amp.GradScaler("cuda", enabled=precision == "fp16")  # fp16 needs loss scaling, bf16 does not
     effective_batch = cfg.batch_size * group.world_size * cfg.grad_accum_steps
     if group.distributed:
-        # Dropout and dynamic masking must differ between ranks, or every shard would see the same masks.
+        # Dropout must differ between ranks, or every shard would see the same dropout masks.
         seed_everything(seed * 1_000_003 + group.rank)
 
     start_step = _find_and_load_checkpoint(checkpoint_dir, fingerprint, module, optimizer, scheduler, device,
                                            group, scaler)
+    loss_computation = wrap_for_processes(module, compute_loss, group, device, find_unused_parameters)
     if group.is_main:
         if start_step:
             logger.info("%s: resuming from step %d of %d", description, start_step, total_steps)
@@ -513,43 +670,52 @@ def train(
             log_path.unlink()
         log_path.parent.mkdir(parents=True, exist_ok=True)
         logger.info(
-            "%s: %d process(es) x %d per device x %d accumulation = effective batch %d; precision %s on %s",
-            description, group.world_size, cfg.batch_size, cfg.grad_accum_steps, effective_batch, precision, device,
+            "%s: %d process(es) x %d micro-batches per step, %d steps; precision %s on %s; %d loader worker(s)",
+            description, group.world_size, cfg.grad_accum_steps, total_steps, precision, device,
+            cfg.dataloader_workers,
         )
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
 
     module.train()
-    stream = micro_batch_stream(
-        examples, collate, cfg.batch_size, seed, start_step * cfg.grad_accum_steps, total_micro_batches,
-        lengths=example_lengths if cfg.group_by_length else None, group=group,
+    loader = micro_batch_loader(
+        examples, collate, batch_plan, seed, start_step * cfg.grad_accum_steps, total_micro_batches, group,
+        workers=cfg.dataloader_workers, pin_memory=device.type == "cuda",
     )
+    stream = iter(loader)
     progress = tqdm(
         total=total_steps, initial=start_step, desc=description, file=sys.stderr, mininterval=2.0, dynamic_ncols=True,
         disable=not group.is_main,
     )
-    interval_terms: dict[str, float] = defaultdict(float)
+    interval_terms: dict[str, torch.Tensor] = {}  # on the device: read once per log interval
     interval_micro_batches = 0
     interval_tokens = 0
     total_tokens = 0
+    first_step_seconds = 0.0
     final_terms: dict[str, float] = {}
     run_start = interval_start = time.perf_counter()
 
     step = start_step
     while step < total_steps:
-        for _ in range(cfg.grad_accum_steps):
-            batch = to_device(next(stream), device)
-            with torch.autocast(device_type=device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-                terms = compute_loss(batch)
-            scaler.scale(terms["loss"] / cfg.grad_accum_steps).backward()
+        micro_batches = [next(stream) for _ in range(cfg.grad_accum_steps)]
+        scales = micro_batch_loss_scales(micro_batches, cfg, group, device)
+        for number, (cpu_batch, scale) in enumerate(zip(micro_batches, scales)):
+            tokens = _batch_tokens(cpu_batch)  # counted on the CPU, before the copy to the device
+            batch = to_device(cpu_batch, device)
+            last = number == len(micro_batches) - 1
+            # DDP all-reduces gradients in the backward of the step's last micro-batch only.
+            accumulate = loss_computation.no_sync() if group.distributed and not last else nullcontext()
+            with accumulate:
+                with torch.autocast(device_type=device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+                    terms = loss_computation(batch)
+                loss = terms["loss"] / cfg.grad_accum_steps if scale is None else terms["loss"] * scale
+                scaler.scale(loss).backward()
             for name, value in terms.items():
-                interval_terms[name] += float(value.detach())
+                value = value.detach().float()
+                interval_terms[name] = interval_terms[name] + value if name in interval_terms else value
             interval_micro_batches += 1
-            tokens = int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()
             interval_tokens += tokens
             total_tokens += tokens
-        if group.distributed:
-            average_gradients(module, group.world_size)
         scaler.unscale_(optimizer)
         if cfg.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.max_grad_norm)
@@ -559,18 +725,21 @@ def train(
         optimizer.zero_grad(set_to_none=True)
         step += 1
         progress.update(1)
+        if step == start_step + 1:
+            first_step_seconds = seconds_since_process_start()
 
         if step % cfg.log_every == 0 or step == total_steps:
             elapsed = time.perf_counter() - interval_start
             names = sorted(interval_terms)
-            # Loss terms and tokens of every rank: the log describes the whole job, not rank 0's shard.
-            sums = all_ranks_sum([interval_terms[n] for n in names] + [interval_micro_batches, interval_tokens],
-                                 group, device)
+            # The one host read of the interval: every term, summed over the ranks with the micro-batch and
+            # token counts, so the log describes the whole job and not rank 0's shard.
+            sums = all_ranks_sum_tensors([interval_terms[n] for n in names],
+                                         [interval_micro_batches, interval_tokens], group, device)
             n_micro_batches, job_tokens = sums[-2], sums[-1]
             final_terms = {name: total / n_micro_batches for name, total in zip(names, sums)}
             record = {
                 "step": step,
-                "epoch": round(step * cfg.grad_accum_steps * cfg.batch_size * group.world_size / len(examples), 4),
+                "epoch": round(step * cfg.grad_accum_steps / max(1, len(rank_batches(batch_plan, 0, group))), 4),
                 "lr": scheduler.get_last_lr()[0],
                 "tokens_per_second": round(job_tokens / max(elapsed, 1e-9), 1),
                 "effective_batch_size": effective_batch,
@@ -589,6 +758,7 @@ def train(
             save_checkpoint(checkpoint_dir, step, module, optimizer, scheduler, fingerprint, cfg.keep_checkpoints,
                             group, scaler)
     progress.close()
+    del stream, loader  # ends the loader's workers
 
     train_seconds = time.perf_counter() - run_start
     total_tokens = int(all_ranks_sum([total_tokens], group, device)[0])
@@ -608,12 +778,19 @@ def train(
         processes=group.world_size,
         effective_batch_size=effective_batch,
         mixed_precision=precision,
+        first_step_seconds=first_step_seconds,
     )
     if group.distributed and final:
         torch.distributed.destroy_process_group()
-        if not group.is_main:
-            sys.exit(0)
     return result
+
+
+def _batch_tokens(batch: Batch) -> int:
+    if "n_tokens" in batch:
+        return int(batch["n_tokens"])
+    if "attention_mask" in batch:
+        return int(batch["attention_mask"].sum())
+    return batch["input_ids"].numel()
 
 
 def is_main_process() -> bool:

@@ -6,7 +6,7 @@ from transformers import BertConfig, BertForMaskedLM, BertForQuestionAnswering
 
 from pipeline.artifacts import atomic_write_json
 from pipeline.config import PipelineConfig, load_config
-from pipeline.stages import init_student, prepare_data, token_counts, tokenizer
+from pipeline.stages import init_student, prepare_data, tokenize_corpus, tokenizer
 from pipeline.stages.teacher import teacher_config_from_scratch
 from tests.conftest import PROJECT_ROOT
 
@@ -24,9 +24,9 @@ def tiny_config(**overrides) -> PipelineConfig:
 
 
 def build_tiny_artifacts(root: Path, cfg: PipelineConfig | None = None) -> dict[str, Path]:
-    """data, tokenizer, an (untrained) MLM teacher and QA teacher, token counts and an initialised student."""
+    """data, tokenizer, the tokenized corpus, an (untrained) MLM teacher and QA teacher and an initialised student."""
     cfg = cfg or tiny_config()
-    paths = {name: root / name for name in ("data", "tokenizer", "mlm_teacher", "qa_teacher", "counts", "student")}
+    paths = {name: root / name for name in ("data", "tokenizer", "corpus", "mlm_teacher", "qa_teacher", "student")}
     prepare_data.run(cfg, paths["data"])
     tokenizer.run(cfg, paths["data"], paths["tokenizer"])
     from transformers import AutoTokenizer
@@ -39,7 +39,7 @@ def build_tiny_artifacts(root: Path, cfg: PipelineConfig | None = None) -> dict[
     qa_teacher.save_pretrained(paths["qa_teacher"])
     tok.save_pretrained(paths["qa_teacher"])
     atomic_write_json(paths["qa_teacher"] / "metrics.json", {"exact_match": 1.0, "f1": 2.0})
-    token_counts.run(cfg, paths["data"], paths["tokenizer"], paths["counts"])
+    tokenize_corpus.run(cfg, paths["data"], paths["tokenizer"], paths["corpus"], workers=1)
     init_student.run(cfg, str(paths["mlm_teacher"]), paths["tokenizer"], paths["student"])
     return paths
 

@@ -5,7 +5,10 @@ import re
 
 import pytest
 
-from pipeline.artifacts import ManifestError, atomic_output_dir, config_sha256, verify_input_dirs, verify_manifest
+import pipeline.artifacts
+from pipeline.__main__ import main
+from pipeline.artifacts import ManifestError, atomic_output_dir, config_sha256, fingerprint, verify_input_dirs
+from pipeline.artifacts import verify_manifest
 from pipeline.config import PipelineConfig
 from tests.conftest import PROJECT_ROOT
 
@@ -65,6 +68,112 @@ def test_hub_names_and_folders_from_elsewhere_are_taken_as_they_are(tmp_path):
     (tmp_path / "downloaded").mkdir()
     (tmp_path / "downloaded" / "config.json").write_text("{}")
     verify_input_dirs("bert-base-uncased", tmp_path / "downloaded", None)
+
+
+# --------------------------------------------------------------------------------------- integrity at scale
+
+
+def write_stage_folder(folder, **files):
+    """A stage output folder with a manifest, holding `files` (name -> bytes)."""
+    with atomic_output_dir(folder) as tmp:
+        for name, data in files.items():
+            (tmp / name).write_bytes(data)
+    return folder
+
+
+@pytest.fixture
+def small_full_hash_limit(monkeypatch):
+    """Files over 16 bytes count as large, so a test needs no 64 MiB file."""
+    monkeypatch.setattr(pipeline.artifacts, "FULL_HASH_MAX_BYTES", 16)
+    monkeypatch.delenv("PIPELINE_VERIFY_FULL", raising=False)
+
+
+def test_a_large_file_whose_size_changed_is_refused_by_name_without_hashing(tmp_path, small_full_hash_limit):
+    corpus = write_stage_folder(tmp_path / "corpus", **{"ids.bin": b"\x00" * 32})
+    (corpus / "ids.bin").write_bytes(b"\x00" * 33)
+    with pytest.raises(ManifestError, match=r"ids.bin: 33 bytes, the manifest says 32"):
+        verify_manifest(corpus)
+
+
+def test_a_large_file_changed_in_place_passes_the_size_check_and_fails_a_full_verify(
+    tmp_path, small_full_hash_limit, monkeypatch
+):
+    corpus = write_stage_folder(tmp_path / "corpus", **{"ids.bin": b"\x00" * 32})
+    (corpus / "ids.bin").write_bytes(b"\x01" * 32)  # same size: only rehashing notices
+    verify_manifest(corpus)
+    verify_input_dirs(corpus)
+    with pytest.raises(ManifestError, match=r"ids.bin: sha256 differs from the manifest"):
+        verify_manifest(corpus, full=True)
+    with pytest.raises(ManifestError, match=r"ids.bin: sha256 differs from the manifest"):
+        verify_input_dirs(corpus, full=True)
+    monkeypatch.setenv("PIPELINE_VERIFY_FULL", "1")
+    with pytest.raises(ManifestError, match=r"ids.bin: sha256 differs from the manifest"):
+        verify_manifest(corpus)
+
+
+def test_a_small_file_changed_in_place_is_refused_by_default(tmp_path, small_full_hash_limit):
+    folder = write_stage_folder(tmp_path / "tokenizer", **{"vocab.txt": b"\x00" * 16})  # at the limit: still hashed
+    (folder / "vocab.txt").write_bytes(b"\x01" * 16)
+    with pytest.raises(ManifestError, match=r"vocab.txt: sha256 differs from the manifest"):
+        verify_manifest(folder)
+
+
+def test_fingerprint_of_a_folder_with_a_manifest_reads_the_manifest_not_the_files(tmp_path, monkeypatch):
+    corpus = write_stage_folder(tmp_path / "corpus", **{"ids.bin": b"\x00" * 32})
+    before = fingerprint("run", files=[corpus])
+    open_file = pipeline.artifacts.Path.open
+
+    def open_anything_but_the_corpus(path, *args, **kwargs):
+        assert path.name != "ids.bin", "fingerprint read a file its manifest already hashes"
+        return open_file(path, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline.artifacts.Path, "open", open_anything_but_the_corpus)
+    assert fingerprint("run", files=[corpus]) == before
+
+
+def test_fingerprint_of_a_folder_with_a_manifest_follows_the_listed_hashes_only(tmp_path):
+    corpus = write_stage_folder(tmp_path / "corpus", **{"ids.bin": b"\x00" * 32})
+    manifest_path = corpus / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    before = fingerprint("run", files=[corpus])
+
+    manifest["library_versions"]["numpy"] = "0.0.0"  # not a property of the data
+    manifest_path.write_text(json.dumps(manifest))
+    assert fingerprint("run", files=[corpus]) == before
+
+    manifest["files"]["ids.bin"]["sha256"] = "0" * 64
+    manifest_path.write_text(json.dumps(manifest))
+    changed = fingerprint("run", files=[corpus])
+    assert changed != before and len(changed) == 16
+    assert fingerprint("another run", files=[corpus]) != changed
+
+
+def test_fingerprint_of_a_plain_file_and_a_folder_without_manifest_hashes_their_bytes(tmp_path):
+    (tmp_path / "downloaded").mkdir()
+    (tmp_path / "downloaded" / "config.json").write_text("{}")
+    (tmp_path / "train.jsonl").write_text("{}\n")
+    inputs = [tmp_path / "train.jsonl", tmp_path / "downloaded"]
+    before = fingerprint("run", files=inputs)
+    (tmp_path / "downloaded" / "config.json").write_text("[]")
+    after_folder = fingerprint("run", files=inputs)
+    (tmp_path / "train.jsonl").write_text("[]\n")
+    assert len({before, after_folder, fingerprint("run", files=inputs)}) == 3
+
+
+def test_the_verify_command_rehashes_every_file_and_prints_one_line_per_folder(tmp_path, capsys, small_full_hash_limit):
+    model = write_stage_folder(tmp_path / "model", **{"weights.bin": b"\x00" * 1_500_000, "config.json": b"{}"})
+    corpus = write_stage_folder(tmp_path / "corpus", **{"ids.bin": b"\x00" * 32})
+    assert main(["verify", str(model), str(corpus)]) == 0
+    assert capsys.readouterr().out.splitlines() == [f"ok: {model} (2 files, 1.5 MB)", f"ok: {corpus} (1 files, 0.0 MB)"]
+
+    (corpus / "ids.bin").write_bytes(b"\x01" * 32)  # over the limit, so only a full verify notices
+    assert main(["verify", str(model), str(corpus)]) == 2
+    output = capsys.readouterr()
+    assert output.out.splitlines() == [f"ok: {model} (2 files, 1.5 MB)"]
+    assert output.err.startswith(f"error: {corpus / 'ids.bin'}: sha256 differs from the manifest")
+
+    assert main(["verify", str(tmp_path / "nowhere")]) == 2
+    assert "manifest.json: missing" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------------------- safe loading

@@ -44,7 +44,7 @@ def run_training(tmp_path, cfg, crash_at_micro_batch=None, fingerprint="run-a", 
         loss = torch.nn.functional.mse_loss(model(batch["x"]), batch["y"])
         return {"loss": loss, "mse": loss.detach()}
 
-    def collate(indices):
+    def collate(indices, generator=None):
         return {"x": x[indices], "y": y[indices], "input_ids": torch.ones(len(indices), 3, dtype=torch.long)}
 
     result = train(
@@ -112,9 +112,10 @@ def test_gradient_accumulation_matches_one_large_batch(tmp_path):
 
 
 def test_step_count_from_epochs_and_accumulation():
-    assert count_optimizer_steps(TrainConfig(epochs=2, batch_size=8, grad_accum_steps=1), 40) == (10, 10)
-    assert count_optimizer_steps(TrainConfig(epochs=1, batch_size=8, grad_accum_steps=2), 40) == (3, 6)
-    assert count_optimizer_steps(TrainConfig(max_steps=7, batch_size=8, grad_accum_steps=4), 40) == (7, 28)
+    # 40 examples in batches of 8: 5 micro-batches per epoch
+    assert count_optimizer_steps(TrainConfig(epochs=2, batch_size=8, grad_accum_steps=1), 5) == (10, 10)
+    assert count_optimizer_steps(TrainConfig(epochs=1, batch_size=8, grad_accum_steps=2), 5) == (3, 6)
+    assert count_optimizer_steps(TrainConfig(max_steps=7, batch_size=8, grad_accum_steps=4), 5) == (7, 28)
 
 
 def test_length_grouped_batches_cover_every_example_once_with_similar_lengths():
@@ -135,7 +136,7 @@ def test_length_grouped_batches_cover_every_example_once_with_similar_lengths():
 def test_group_by_length_needs_the_stage_to_pass_lengths(tmp_path):
     model = TinyRegressor()
     with pytest.raises(ValueError, match="example_lengths"):
-        train(module=model, compute_loss=lambda batch: {}, examples=[0, 1], collate=lambda indices: {}, cfg=TrainConfig(),
+        train(module=model, compute_loss=lambda batch: {}, examples=[0, 1], collate=lambda indices, generator=None: {}, cfg=TrainConfig(),
               seed=0, device=torch.device("cpu"), checkpoint_dir=tmp_path / "c", log_path=tmp_path / "l.jsonl",
               fingerprint="x")
 
@@ -188,12 +189,13 @@ def test_metrics_round_and_report_throughput_per_process_too():
 
     result = TrainResult(steps=10, micro_batches=20, train_seconds=12.34567, tokens_per_second=1001.26,
                          final_terms={"loss": 0.1234567, "kd": 2.0}, peak_memory_mb=512.36, resumed_from_step=4,
-                         device="cpu", processes=2, effective_batch_size=32, mixed_precision="bf16")
+                         device="cpu", processes=2, effective_batch_size=32, mixed_precision="bf16",
+                         first_step_seconds=3.14159)
     assert result.as_metrics() == {
         "steps": 10, "train_seconds": 12.346, "tokens_per_second": 1001.3, "tokens_per_second_per_process": 500.6,
         "processes": 2, "effective_batch_size": 32, "mixed_precision": "bf16",
         "final_loss_terms": {"loss": 0.123457, "kd": 2.0}, "peak_memory_mb": 512.4, "resumed_from_step": 4,
-        "device": "cpu",
+        "device": "cpu", "first_step_seconds": 3.142,
     }
 
 
@@ -237,8 +239,15 @@ def test_the_data_order_is_a_fixed_function_of_seed_and_epoch():
 
 
 def test_step_counts_cover_every_process_and_never_fall_to_zero():
-    assert count_optimizer_steps(TrainConfig(epochs=1, batch_size=4), 20, world_size=2) == (3, 3)
-    assert count_optimizer_steps(TrainConfig(epochs=0.01, batch_size=8), 10) == (1, 1)
+    from pipeline.train import ProcessGroup, examples_per_batch_plan, rank_batches
+
+    # 20 examples, 4 per rank and micro-batch, 2 ranks: 3 micro-batches per rank and epoch (the last padded)
+    plan = examples_per_batch_plan(20, 4, seed=1, world_size=2)
+    per_rank = [rank_batches(plan, 0, ProcessGroup(rank=rank, world_size=2)) for rank in (0, 1)]
+    assert [len(batches) for batches in per_rank] == [3, 3]
+    assert sorted(sum((list(b) for batches in per_rank for b in batches), []))[:20] == list(range(20))
+    assert count_optimizer_steps(TrainConfig(epochs=1, batch_size=4), len(per_rank[0])) == (3, 3)
+    assert count_optimizer_steps(TrainConfig(epochs=0.01, batch_size=8), 2) == (1, 1)
     assert count_optimizer_steps(TrainConfig(max_steps=5, grad_accum_steps=3), 1000) == (5, 15)
 
 
@@ -248,7 +257,7 @@ def test_the_micro_batch_stream_yields_exactly_the_remaining_batches_of_this_ran
     examples = list(range(10))
 
     def stream(start, total, lengths=None, group=ProcessGroup()):
-        return list(micro_batch_stream(examples, list, 4, 5, start, total, lengths=lengths, group=group))
+        return list(micro_batch_stream(examples, lambda items, generator: items, 4, 5, start, total, lengths=lengths, group=group))
 
     full = stream(0, 7)
     assert len(full) == 7 and full[:3] == epoch_batches(10, 4, 5, 0)  # 3 batches per epoch, then epoch 1
@@ -365,28 +374,33 @@ def test_the_launcher_environment_and_the_run_settings_are_applied(monkeypatch):
         torch.set_num_threads(threads)
 
 
-def test_gradients_are_averaged_over_processes_and_sums_taken_over_all(tmp_path):
-    from pipeline.train import ProcessGroup, all_ranks_sum, average_gradients
+def test_token_weighted_micro_batches_make_a_per_token_mean_and_sums_are_taken_over_all(tmp_path):
+    from pipeline.train import ProcessGroup, all_ranks_sum, all_ranks_sum_tensors, micro_batch_loss_scales
+
+    cpu = torch.device("cpu")
+    cfg = TrainConfig(grad_accum_steps=3)
+    # Without token counts every micro-batch counts 1/accum (the loop divides by grad_accum_steps).
+    assert micro_batch_loss_scales([{}, {}, {}], cfg, ProcessGroup(), cpu) == [None, None, None]
+    # With them, a micro-batch's mean counts by its share of the step's tokens: sum(scale_i * mean_i) is the
+    # mean over every token of the step.
+    scales = micro_batch_loss_scales([{"loss_tokens": 10}, {"loss_tokens": 30}, {"loss_tokens": 60}], cfg,
+                                     ProcessGroup(), cpu)
+    assert scales == [0.1, 0.3, 0.6]
+    token_losses = [torch.full((10,), 1.0), torch.full((30,), 2.0), torch.full((60,), 4.0)]
+    weighted = sum(scale * losses.mean() for scale, losses in zip(scales, token_losses))
+    assert torch.isclose(weighted, torch.cat(token_losses).mean())
 
     torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
-        module = torch.nn.ModuleDict({"a": torch.nn.Linear(2, 2), "b": torch.nn.Linear(2, 1),
-                                      "frozen": torch.nn.Linear(2, 2)})
-        module["frozen"].requires_grad_(False)
-        module["a"](torch.ones(1, 2)).sum().backward()  # "b" gets no gradient
-        before = {name: p.grad.clone() for name, p in module.named_parameters() if p.grad is not None}
-        # One real process standing in for two that computed the same gradients: the sum over the group,
-        # divided by the process count it is told.
-        average_gradients(module, world_size=2)
-        for name, parameter in module.named_parameters():
-            if name.startswith("frozen"):
-                assert parameter.grad is None
-            elif name in before:
-                assert torch.equal(parameter.grad, before[name] / 2)
-            else:
-                assert torch.equal(parameter.grad, torch.zeros_like(parameter))
-        assert all_ranks_sum([1.5, 2.0], ProcessGroup(world_size=2), torch.device("cpu")) == [1.5, 2.0]
-        assert all_ranks_sum([7], ProcessGroup(), torch.device("cpu")) == [7]
+        # One real process standing in for two: the step's token total is all-reduced (a 0-d tensor that stays
+        # where it is), and the world_size factor undoes DDP's averaging over ranks.
+        two = ProcessGroup(world_size=2)
+        scales = micro_batch_loss_scales([{"loss_tokens": 10}, {"loss_tokens": 30}], cfg, two, cpu)
+        assert all(isinstance(scale, torch.Tensor) for scale in scales)
+        assert [round(float(scale), 6) for scale in scales] == [0.5, 1.5]
+        assert all_ranks_sum([1.5, 2.0], two, cpu) == [1.5, 2.0]
+        assert all_ranks_sum_tensors([torch.tensor(0.5), torch.tensor(2.0)], [3, 4], two, cpu) == [0.5, 2.0, 3.0, 4.0]
+        assert all_ranks_sum([7], ProcessGroup(), cpu) == [7]
     finally:
         torch.distributed.destroy_process_group()
 
@@ -401,7 +415,7 @@ def test_logged_figures_are_the_interval_means_and_the_run_totals(tmp_path, capl
         calls["n"] += 1  # micro-batch k reports loss k and aux 2k
         return {"loss": (weight * 0).sum() + calls["n"], "aux": torch.tensor(2.0 * calls["n"])}
 
-    def collate(indices):  # example i has i % 3 + 1 real tokens out of 4
+    def collate(indices, generator=None):  # example i has i % 3 + 1 real tokens out of 4
         mask = torch.tensor([[1] * (i % 3 + 1) + [0] * (3 - i % 3) for i in indices])
         return {"attention_mask": mask}
 
@@ -426,7 +440,7 @@ def test_logged_figures_are_the_interval_means_and_the_run_totals(tmp_path, capl
     assert 0 < result.train_seconds < 60 and result.peak_memory_mb > 10
     tokens = 2 * sum(i % 3 + 1 for i in range(12))  # two epochs' worth of micro-batches, every example twice
     assert result.tokens_per_second * result.train_seconds == pytest.approx(tokens)
-    assert "demo: 1 process(es) x 4 per device x 2 accumulation = effective batch 8; precision no on cpu" in caplog.text
+    assert "demo: 1 process(es) x 2 micro-batches per step, 3 steps; precision no on cpu; 0 loader worker(s)" in caplog.text
     assert "demo step=2 epoch=1.3333" in caplog.text
 
 
@@ -477,7 +491,7 @@ def test_no_examples_is_an_error_and_length_grouping_reaches_the_batches(tmp_pat
     model = TinyRegressor()
     seen = []
 
-    def collate(indices):
+    def collate(indices, generator=None):
         seen.append(list(indices))
         return {"input_ids": torch.ones(len(indices), 2, dtype=torch.long), "x": torch.zeros(len(indices), 4)}
 

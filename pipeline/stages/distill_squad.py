@@ -49,7 +49,7 @@ from pipeline.losses import (
     tinybert_embedding_loss,
     tinybert_hidden_loss,
 )
-from pipeline.stages.distill_pretrain import freeze
+from pipeline.students import freeze
 from pipeline.students import LayerMappingError, teacher_layers_for_student
 from pipeline.train import is_main_process, prepare_run, seed_everything, train, use_bf16
 
@@ -446,12 +446,16 @@ def run(
             checkpoint_dir=work_dir / ("checkpoints" if len(phases) == 1 else f"checkpoints-{phase}"),
             log_path=phase_log(work_dir, phase, len(phases)), fingerprint=phase_id, description=description,
             example_lengths=qa.window_lengths(phase_windows), final=last,
+            # TinyBERT's phases leave the QA head (first) or the width projection (second) out of the loss.
+            find_unused_parameters=len(phases) > 1,
         )
         phase_results.append({"phase": phase, **result.as_metrics(), "tokens": result.tokens_per_second * result.train_seconds})
         if not last and is_main_process():
             tmp = finished.with_name(f"{finished.name}.tmp-{os.getpid()}")
             save_model(trainable, str(tmp), metadata={"result": json.dumps(phase_results[-1])})
             tmp.replace(finished)
+    if not is_main_process():
+        return phase_results[-1]  # evaluation and outputs are rank 0's
     dev_metrics, predictions = qa.evaluate_qa(student, tokenizer, dev, cfg.squad, device)
     training = combine_phase_metrics(phase_results, cache_seconds)
     metrics = {

@@ -1,8 +1,8 @@
 """Stage prepare_data: SQuAD train/dev and the MLM corpus, validated and written in one layout.
 
 Outputs (in --out-dir): train.jsonl and dev.jsonl (datasets squad columns), dev.json (SQuAD v1.1 layout, for
-`python -m pipeline evaluate-predictions`), corpus_train.txt and corpus_heldout.txt (one document per line),
-metrics.json (counts). With `data.squad: synthetic` the offline world is generated first (synthetic/).
+`python -m pipeline evaluate-predictions`), corpus.txt (one document per line) when the corpus is generated here
+('synthetic' or 'squad_contexts'; tokenize_corpus reads other corpora where they are), metrics.json (counts). With `data.squad: synthetic` the offline world is generated first (synthetic/).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import random
+import shutil
 from pathlib import Path
 
 import datasets
@@ -18,7 +18,8 @@ import datasets
 from pipeline import synthetic
 from pipeline.artifacts import atomic_output_dir, atomic_write_json, setup_logging
 from pipeline.config import ConfigError, PipelineConfig, config_from_json
-from pipeline.data import load_squad, looks_like_a_path, read_corpus_lines
+from pipeline.corpus import GENERATED_CORPUS_FILE, corpus_source
+from pipeline.data import load_squad, looks_like_a_path
 
 logger = logging.getLogger(__name__)
 
@@ -40,38 +41,24 @@ def squad_sources(cfg: PipelineConfig, synthetic_dir: Path) -> tuple[str, str]:
     return data.squad, data.squad  # hub dataset: the splits tell train from dev
 
 
-def corpus_lines(cfg: PipelineConfig, synthetic_dir: Path, train: datasets.Dataset) -> list[str]:
+def write_generated_corpus(cfg: PipelineConfig, synthetic_dir: Path, train: datasets.Dataset, out_dir: Path) -> int:
+    """The corpora this stage makes (one document per line in corpus.txt): the synthetic world's, or the unique
+    SQuAD training contexts. A local file or a hub corpus is read where it is, by tokenizer and tokenize_corpus.
+    Returns the documents written (0 when the corpus is not generated here)."""
     data = cfg.data
     if data.corpus == "synthetic":
         if data.squad != "synthetic":
             raise ConfigError("data.corpus: 'synthetic' needs data.squad: synthetic (use 'squad_contexts' or a file)")
-        lines = read_corpus_lines(synthetic_dir / "corpus.txt")
+        shutil.copyfile(synthetic_dir / "corpus.txt", out_dir / GENERATED_CORPUS_FILE)
     elif data.corpus == "squad_contexts":
-        lines = list(dict.fromkeys(train["context"]))
-    elif _is_local_file(data.corpus):
-        if not Path(data.corpus).is_file():
-            raise ConfigError(f"data.corpus: file not found: {data.corpus}")
-        lines = read_corpus_lines(data.corpus)
+        with (out_dir / GENERATED_CORPUS_FILE).open("w", encoding="utf-8") as handle:
+            for context in dict.fromkeys(train["context"]):
+                handle.write(" ".join(context.split()) + "\n")  # one line per document
     else:
-        corpus = datasets.load_dataset(data.corpus, data.corpus_config_name, split=data.corpus_split)
-        if data.corpus_text_column not in corpus.column_names:
-            raise ConfigError(
-                f"data.corpus_text_column: {data.corpus_text_column!r} is not a column of {data.corpus} "
-                f"(columns: {corpus.column_names})"
-            )
-        lines = [text.strip() for text in corpus[data.corpus_text_column] if text and text.strip()]
-    if data.max_corpus_lines:
-        lines = lines[: data.max_corpus_lines]
-    return lines
-
-
-def split_heldout(lines: list[str], fraction: float, seed: int) -> tuple[list[str], list[str]]:
-    """A seeded, reproducible hold-out slice of the corpus for masked-token accuracy."""
-    order = list(range(len(lines)))
-    random.Random(seed).shuffle(order)
-    n_heldout = max(1, int(round(fraction * len(lines))))
-    heldout = set(order[:n_heldout])
-    return [l for i, l in enumerate(lines) if i not in heldout], [l for i, l in enumerate(lines) if i in heldout]
+        corpus_source(data, out_dir)  # a missing local file stops the run here, with the key named
+        return 0
+    with (out_dir / GENERATED_CORPUS_FILE).open(encoding="utf-8") as handle:
+        return sum(1 for line in handle if line.strip())
 
 
 def write_jsonl(dataset: datasets.Dataset, path: Path) -> None:
@@ -121,14 +108,10 @@ def run(cfg: PipelineConfig, out_dir: Path) -> dict:
             train = train.select(range(min(cfg.data.max_train_examples, len(train))))
         if cfg.data.max_dev_examples:
             dev = dev.select(range(min(cfg.data.max_dev_examples, len(dev))))
-        lines = corpus_lines(cfg, synthetic_dir, train)
-        corpus_train, corpus_heldout = split_heldout(lines, cfg.data.mlm_holdout_fraction, cfg.seed)
-
+        n_corpus_documents = write_generated_corpus(cfg, synthetic_dir, train, tmp)
         write_jsonl(train, tmp / "train.jsonl")
         write_jsonl(dev, tmp / "dev.jsonl")
         (tmp / "dev.json").write_text(json.dumps(to_squad_v1_json(dev), ensure_ascii=False))
-        (tmp / "corpus_train.txt").write_text("\n".join(corpus_train) + "\n", encoding="utf-8")
-        (tmp / "corpus_heldout.txt").write_text("\n".join(corpus_heldout) + "\n", encoding="utf-8")
         metrics = {
             "squad_source": cfg.data.squad,
             "n_train_examples": len(train),
@@ -138,8 +121,7 @@ def run(cfg: PipelineConfig, out_dir: Path) -> dict:
             "n_train_skipped": train_report.n_skipped,
             "n_dev_skipped": dev_report.n_skipped,
             "corpus_source": cfg.data.corpus,
-            "n_corpus_train_lines": len(corpus_train),
-            "n_corpus_heldout_lines": len(corpus_heldout),
+            "n_corpus_documents_generated": n_corpus_documents,
             "synthetic_world": world_stats,
         }
         atomic_write_json(tmp / "metrics.json", metrics)

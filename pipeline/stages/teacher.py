@@ -1,7 +1,7 @@
 """Stages teacher_pretrain and teacher_finetune: the BERT teacher.
 
 teacher_pretrain (only when no pretrained teacher is configured): a small BertForMaskedLM trained from scratch
-on the corpus with dynamic masking and no next-sentence prediction (as RoBERTa and DistilBERT do).
+on the tokenized corpus (token-budget batches) with dynamic masking and no next-sentence prediction (as RoBERTa and DistilBERT do).
 teacher_finetune: BertForQuestionAnswering from that model (or from `teacher.pretrained`) fine-tuned on SQuAD,
 evaluated on dev with exact match / F1. With `teacher.pretrained_qa` an already fine-tuned model is only
 evaluated. Both write a save_pretrained directory (safetensors, with the tokenizer) and metrics.json.
@@ -25,9 +25,9 @@ from pipeline.artifacts import (
 from pipeline.config import PipelineConfig, config_from_json
 from pipeline.data import load_squad
 from pipeline.losses import masked_lm_loss
-from pipeline.masking import mask_tokens
-from pipeline.mlm import collate_sequences, masked_token_accuracy, read_corpus_lines, special_token_ids, tokenize_corpus
-from pipeline.train import prepare_run, train
+from pipeline.corpus import TokenizedCorpus, token_budget_batches
+from pipeline.mlm import MaskedBatchCollator, masked_token_accuracy, rows
+from pipeline.train import is_main_process, prepare_run, process_group_from_env, train
 
 logger = logging.getLogger(__name__)
 
@@ -47,47 +47,45 @@ def teacher_config_from_scratch(cfg: PipelineConfig, tokenizer) -> BertConfig:
     )
 
 
-def run_pretrain(cfg: PipelineConfig, data_dir: Path, tokenizer_dir: Path, out_dir: Path, work_dir: Path) -> dict:
-    """MLM pretraining from scratch. `work_dir` holds checkpoints and the live training log."""
-    verify_input_dirs(data_dir, tokenizer_dir)
+def run_pretrain(cfg: PipelineConfig, corpus_dir: Path, tokenizer_dir: Path, out_dir: Path, work_dir: Path) -> dict:
+    """MLM pretraining from scratch on the tokenized corpus. `work_dir` holds checkpoints and the live log."""
+    verify_input_dirs(corpus_dir, tokenizer_dir)
     train_cfg = cfg.teacher.pretrain
     device = prepare_run(train_cfg, cfg.seed)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     model = BertForMaskedLM(teacher_config_from_scratch(cfg, tokenizer)).to(device)
 
     max_len = cfg.teacher.pretrain_max_seq_length
-    sequences = tokenize_corpus(read_corpus_lines(data_dir / "corpus_train.txt"), tokenizer, max_len)
-    heldout = tokenize_corpus(read_corpus_lines(data_dir / "corpus_heldout.txt"), tokenizer, max_len)
-    specials = special_token_ids(tokenizer)
-
-    def collate(batch_sequences):
-        return collate_sequences(batch_sequences, tokenizer.pad_token_id, specials)
+    corpus = TokenizedCorpus(corpus_dir)
+    sequences = corpus.sequences("train", max_len)
+    collator = MaskedBatchCollator(tokenizer, cfg.teacher.mlm_probability)
+    max_tokens = train_cfg.max_tokens_per_batch or train_cfg.batch_size * max_len
+    world_size = process_group_from_env().world_size
 
     def compute_loss(batch):
-        # Dynamic masking: a fresh mask for every batch, drawn from the (checkpointed) global RNG.
-        masked, labels = mask_tokens(
-            batch["input_ids"], batch["special_tokens_mask"], tokenizer.mask_token_id, len(tokenizer),
-            cfg.teacher.mlm_probability,
-        )
-        hidden = model.bert(input_ids=masked, attention_mask=batch["attention_mask"]).last_hidden_state
+        hidden = model.bert(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
         # Vocabulary logits only at the masked positions: the [B, S, V] tensor is most of MLM's cost.
-        selected = labels != -100
-        loss = masked_lm_loss(model.cls(hidden[selected]), labels[selected])
+        loss = masked_lm_loss(model.cls(rows(hidden, batch["masked_positions"])), batch["masked_labels"])
         return {"loss": loss, "mlm": loss.detach()}
 
-    run_id = fingerprint("teacher_pretrain", to_plain(cfg.teacher), cfg.seed, files=[data_dir / "corpus_train.txt", tokenizer_dir])
+    run_id = fingerprint("teacher_pretrain", to_plain(cfg.teacher), cfg.seed, files=[corpus_dir, tokenizer_dir])
     result = train(
-        module=model, compute_loss=compute_loss, examples=sequences, collate=collate, cfg=train_cfg,
+        module=model, compute_loss=compute_loss, examples=sequences, collate=collator, cfg=train_cfg,
         seed=cfg.seed, device=device, checkpoint_dir=work_dir / "checkpoints", log_path=work_dir / "train_log.jsonl",
         fingerprint=run_id, description="teacher_pretrain",
-        example_lengths=[len(sequence) for sequence in sequences],
+        batch_plan=lambda epoch: token_budget_batches(sequences.sequence_lengths(), max_tokens, cfg.seed, epoch,
+                                                      world_size),
     )
+    if not is_main_process():
+        return result.as_metrics()  # evaluation and outputs are rank 0's
     accuracy = masked_token_accuracy(
-        {"teacher": model}, heldout, tokenizer, cfg.teacher.mlm_probability, seed=cfg.seed, device=device
+        {"teacher": model}, corpus.sequences("heldout", max_len), collator, seed=cfg.seed, device=device
     )
     metrics = {
         **result.as_metrics(),
         "n_train_sequences": len(sequences),
+        "n_train_tokens": sequences.n_tokens_total(),
+        "max_tokens_per_batch": max_tokens,
         "heldout_mlm_accuracy": round(accuracy["teacher"], 4),
         "n_heldout_masked_tokens": accuracy["n_masked_tokens"],
         "n_parameters": model.num_parameters(),
@@ -142,6 +140,8 @@ def run_finetune(
         training_metrics = {**result.as_metrics(), "n_train_examples": len(train_examples),
                             "n_train_windows": len(windows["input_ids"]), "fine_tuned_here": True}
 
+    if not is_main_process():
+        return training_metrics  # evaluation and outputs are rank 0's
     dev_metrics, predictions = qa.evaluate_qa(model, tokenizer, dev, cfg.squad, device)
     metrics = {**dev_metrics, **training_metrics, "n_parameters": model.num_parameters()}
     with atomic_output_dir(out_dir, cfg) as tmp:
@@ -158,13 +158,13 @@ def run_finetune(
 def main_pretrain(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline teacher-pretrain", description=run_pretrain.__doc__)
     parser.add_argument("--config-json", required=True)
-    parser.add_argument("--data-dir", required=True, type=Path)
+    parser.add_argument("--corpus-dir", required=True, type=Path, help="output of tokenize_corpus")
     parser.add_argument("--tokenizer-dir", required=True, type=Path)
     parser.add_argument("--out-dir", required=True, type=Path)
     parser.add_argument("--work-dir", required=True, type=Path, help="checkpoints and live training log")
     args = parser.parse_args(argv)
     setup_logging()
-    run_pretrain(config_from_json(args.config_json), args.data_dir, args.tokenizer_dir, args.out_dir, args.work_dir)
+    run_pretrain(config_from_json(args.config_json), args.corpus_dir, args.tokenizer_dir, args.out_dir, args.work_dir)
     return 0
 
 

@@ -1,6 +1,6 @@
 """Stage tokenizer: a pretrained tokenizer, or a BERT-style WordPiece tokenizer trained on this run's text.
 
-The trained tokenizer uses the tokenizers library (BERT normalizer and pre-tokenizer, WordPiece with
+The trained tokenizer streams the corpus (it never holds it) through the tokenizers library (BERT normalizer and pre-tokenizer, WordPiece with
 [PAD] [UNK] [CLS] [SEP] [MASK]) and is saved as a transformers fast tokenizer (tokenizer.json + config),
 so AutoTokenizer and transformers.pipeline load it like any hub tokenizer.
 """
@@ -11,29 +11,32 @@ import argparse
 import json
 import logging
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, BertTokenizerFast, PreTrainedTokenizerFast
 
 from pipeline.artifacts import atomic_output_dir, atomic_write_json, setup_logging, verify_input_dirs
 from pipeline.config import PipelineConfig, TokenizerConfig, config_from_json
-from pipeline.mlm import read_corpus_lines
+from pipeline.corpus import corpus_source, training_documents
 
 logger = logging.getLogger(__name__)
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # BERT's special tokens, ids 0..4
 
 
-def continuing_subword_alphabet(texts: list[str], tokenizer: Tokenizer) -> list[str]:
+def continuing_subword_alphabet(texts: Iterable[str], tokenizer: Tokenizer) -> list[str]:
     """A "##c" for every character of the normalised text: a superset of the ones the WordPiece trainer
     creates (characters seen after a word's first one); an unused extra costs one vocabulary slot."""
-    characters = set(tokenizer.normalizer.normalize_str("\n".join(texts)))
+    characters: set[str] = set()
+    for text in texts:  # streamed: one text at a time
+        characters.update(tokenizer.normalizer.normalize_str(text))
     return ["##" + character for character in sorted(characters) if not character.isspace()]
 
 
 def train_wordpiece_tokenizer(texts: Iterable[str], cfg: TokenizerConfig, model_max_length: int) -> PreTrainedTokenizerFast:
-    texts = list(texts)
+    """Train on `texts`, which is iterated twice (the alphabet, then the trainer's own pass) and never held whole:
+    a list, or a re-iterable stream such as TrainingTexts."""
     tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tokenizer.normalizer = normalizers.BertNormalizer(
         clean_text=True, handle_chinese_chars=True, strip_accents=cfg.lowercase, lowercase=cfg.lowercase
@@ -68,15 +71,22 @@ def train_wordpiece_tokenizer(texts: Iterable[str], cfg: TokenizerConfig, model_
     )
 
 
-def training_texts(data_dir: Path) -> list[str]:
-    """The corpus plus SQuAD training contexts and questions, so questions' words are in the vocabulary."""
-    texts = read_corpus_lines(data_dir / "corpus_train.txt")
-    with (data_dir / "train.jsonl").open(encoding="utf-8") as handle:
-        for line in handle:
-            record = json.loads(line)
-            texts.append(record["context"])
-            texts.append(record["question"])
-    return texts
+class TrainingTexts:
+    """The corpus's training documents plus SQuAD training contexts and questions (so questions' words are in
+    the vocabulary), streamed anew on every iteration: tokenizers' train_from_iterator reads a generator."""
+
+    def __init__(self, cfg: PipelineConfig, data_dir: Path):
+        self.source = corpus_source(cfg.data, data_dir)
+        self.cfg, self.data_dir = cfg, data_dir
+
+    def __iter__(self) -> Iterator[str]:
+        data = self.cfg.data
+        yield from training_documents(self.source, self.cfg.seed, data.mlm_holdout_fraction, data.max_corpus_lines)
+        with (self.data_dir / "train.jsonl").open(encoding="utf-8") as handle:
+            for line in handle:
+                record = json.loads(line)
+                yield record["context"]
+                yield record["question"]
 
 
 def run(cfg: PipelineConfig, data_dir: Path, out_dir: Path) -> dict:
@@ -87,7 +97,7 @@ def run(cfg: PipelineConfig, data_dir: Path, out_dir: Path) -> dict:
             source = cfg.tokenizer.pretrained
         else:
             model_max_length = cfg.teacher.architecture.max_position_embeddings
-            tokenizer = train_wordpiece_tokenizer(training_texts(data_dir), cfg.tokenizer, model_max_length)
+            tokenizer = train_wordpiece_tokenizer(TrainingTexts(cfg, data_dir), cfg.tokenizer, model_max_length)
             source = "trained WordPiece"
         if not tokenizer.is_fast:
             raise ValueError(f"tokenizer.pretrained: {source} has no fast tokenizer (offset mappings need one)")

@@ -1,0 +1,58 @@
+"""Stage tokenize_corpus: the MLM corpus tokenized once, on every core the rule gets, into memory-mapped ids.
+
+Streams the configured corpus (prepare_data's generated corpus.txt, a local text or JSON Lines file, or a hub
+dataset) through the fast tokenizer in fixed pieces, one worker process per core, and writes the flat ids file,
+the document offsets, the hold-out (by document index) and the training documents' token counts for masking
+smoothing, all from the one pass (layout: pipeline/corpus.py). teacher_pretrain and distill_pretrain, in every
+rank, read these files and never tokenize or hash the corpus again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+from pipeline.artifacts import atomic_output_dir, atomic_write_json, setup_logging, verify_input_dirs
+from pipeline.config import ConfigError, PipelineConfig, config_from_json
+from pipeline.corpus import corpus_source, tokenize_corpus
+
+logger = logging.getLogger(__name__)
+
+
+def run(cfg: PipelineConfig, data_dir: Path, tokenizer_dir: Path, out_dir: Path, workers: int) -> dict:
+    verify_input_dirs(data_dir, tokenizer_dir)
+    tokenizer_file = Path(tokenizer_dir) / "tokenizer.json"
+    if not tokenizer_file.is_file():
+        raise ConfigError(f"{tokenizer_dir}: no tokenizer.json (tokenize_corpus needs a fast tokenizer)")
+    vocab_size = _vocab_size(tokenizer_dir)
+    source = corpus_source(cfg.data, data_dir)
+    with atomic_output_dir(out_dir, cfg) as tmp:
+        metrics = tokenize_corpus(
+            source, tokenizer_file, vocab_size, tmp, seed=cfg.seed, heldout_fraction=cfg.data.mlm_holdout_fraction,
+            workers=workers, max_documents=cfg.data.max_corpus_lines,
+        )
+        atomic_write_json(tmp / "metrics.json", metrics)
+    logger.info("tokenize_corpus: %s", json.dumps(metrics))
+    return metrics
+
+
+def _vocab_size(tokenizer_dir: Path) -> int:
+    """len(tokenizer) as transformers counts it (base vocabulary plus added tokens)."""
+    from transformers import AutoTokenizer
+
+    return len(AutoTokenizer.from_pretrained(tokenizer_dir))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline tokenize-corpus", description=__doc__)
+    parser.add_argument("--config-json", required=True)
+    parser.add_argument("--data-dir", required=True, type=Path, help="output of prepare_data")
+    parser.add_argument("--tokenizer-dir", required=True, type=Path)
+    parser.add_argument("--out-dir", required=True, type=Path)
+    parser.add_argument("--workers", type=int, default=1, help="tokenizing processes (the rule's threads)")
+    args = parser.parse_args(argv)
+    setup_logging()
+    run(config_from_json(args.config_json), args.data_dir, args.tokenizer_dir, args.out_dir, args.workers)
+    return 0
