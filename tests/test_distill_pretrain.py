@@ -2,14 +2,16 @@
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from transformers import AutoTokenizer, BertForMaskedLM, DistilBertForMaskedLM
 
 from pipeline.config import DistillPretrainConfig
-from pipeline.masking import mask_tokens
+from pipeline.losses import mlm_distillation_loss
+from pipeline.mlm import MaskedBatchCollator
 from pipeline.stages import distill_pretrain, init_student
-from pipeline.students import student_parameter_sources
+from pipeline.students import freeze, student_parameter_sources
 from tests.stage_fixtures import build_tiny_artifacts, tiny_config
 
 
@@ -38,18 +40,20 @@ def test_random_init_ablation_differs_from_the_teacher_copy(artifacts, tmp_path)
 
 def batch_for(artifacts):
     tokenizer = AutoTokenizer.from_pretrained(artifacts["student"])
-    encoded = tokenizer(["born in the city of x", "the company employed many workers"], padding=True,
-                        return_tensors="pt", return_special_tokens_mask=True)
-    masked, labels = mask_tokens(encoded["input_ids"], encoded["special_tokens_mask"].bool(),
-                                 tokenizer.mask_token_id, len(tokenizer), 0.5, generator=torch.Generator().manual_seed(0))
-    return masked, labels, encoded["attention_mask"]
+    sequences = [np.array(tokenizer(text, add_special_tokens=False)["input_ids"])
+                 for text in ["born in the city of x", "the company employed many workers in the city"]]
+    return MaskedBatchCollator(tokenizer, 0.5)(sequences, torch.Generator().manual_seed(0))
+
+
+def models(artifacts):
+    student = DistilBertForMaskedLM.from_pretrained(artifacts["student"])
+    teacher = freeze(BertForMaskedLM.from_pretrained(artifacts["mlm_teacher"]))
+    return student, teacher
 
 
 def test_gradients_reach_only_the_student(artifacts):
-    student = DistilBertForMaskedLM.from_pretrained(artifacts["student"])
-    teacher = distill_pretrain.freeze(BertForMaskedLM.from_pretrained(artifacts["mlm_teacher"]))
-    masked, labels, attention_mask = batch_for(artifacts)
-    terms = distill_pretrain.distillation_terms(student, teacher, masked, labels, attention_mask,
+    student, teacher = models(artifacts)
+    terms = distill_pretrain.distillation_terms(student, teacher, batch_for(artifacts),
                                                 DistillPretrainConfig(alpha_mse=1.0))
     assert set(terms) == {"ce", "mlm", "cos", "mse", "loss"}
     expected = 5.0 * terms["ce"] + 2.0 * terms["mlm"] + 1.0 * terms["cos"] + 1.0 * terms["mse"]
@@ -59,18 +63,42 @@ def test_gradients_reach_only_the_student(artifacts):
     assert student.distilbert.transformer.layer[0].ffn.lin1.weight.grad.abs().sum() > 0
 
 
+@pytest.mark.parametrize("restrict", [False, True])
+def test_the_stage_loss_is_the_tested_triple_loss_on_the_whole_grid(artifacts, restrict):
+    # The stage projects only the rows a term reads; the result must equal losses.mlm_distillation_loss on the
+    # full [B, S, V] logits (temperature, padding excluded from L_cos, masked rows): one loss, tested once.
+    student, teacher = models(artifacts)
+    student.eval()
+    with torch.no_grad():  # a student clearly unlike its teacher, so every term is far from 0
+        student.vocab_projector.bias.copy_(torch.randn(student.vocab_projector.bias.shape,
+                                                       generator=torch.Generator().manual_seed(0)))
+    batch = batch_for(artifacts)
+    assert batch["attention_mask"].eq(0).any()  # the shorter sequence is padded
+    cfg = DistillPretrainConfig(restrict_ce_to_mask=restrict, alpha_mse=0.5)
+    terms = distill_pretrain.distillation_terms(student, teacher, batch, cfg)
+    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    student_out = student(**inputs, output_hidden_states=True)
+    teacher_out = teacher(**inputs, output_hidden_states=True)
+    reference = mlm_distillation_loss(
+        student_out.logits, teacher_out.logits, student_out.hidden_states[-1], teacher_out.hidden_states[-1],
+        batch["labels"], batch["attention_mask"], distill_pretrain.loss_weights(cfg), cfg.temperature, restrict,
+    )
+    for name in ("loss", "ce", "mlm", "cos", "mse"):
+        assert torch.allclose(terms[name], reference[name], atol=1e-5), name
+
+
 def test_restricting_ce_to_masked_positions_changes_the_term(artifacts):
-    student = DistilBertForMaskedLM.from_pretrained(artifacts["student"]).eval()
+    student, teacher = models(artifacts)
+    student.eval()
     # A freshly initialised tiny student can match its teacher so closely that both KL terms round to ~0
     # (this test was flaky): a seeded random output bias makes the per-position KL clearly non-zero.
     with torch.no_grad():
         student.vocab_projector.bias.copy_(torch.randn(student.vocab_projector.bias.shape,
                                                        generator=torch.Generator().manual_seed(0)))
-    teacher = distill_pretrain.freeze(BertForMaskedLM.from_pretrained(artifacts["mlm_teacher"]))
-    masked, labels, attention_mask = batch_for(artifacts)
-    everywhere = distill_pretrain.distillation_terms(student, teacher, masked, labels, attention_mask,
+    batch = batch_for(artifacts)
+    everywhere = distill_pretrain.distillation_terms(student, teacher, batch,
                                                      DistillPretrainConfig(restrict_ce_to_mask=False))
-    only_masked = distill_pretrain.distillation_terms(student, teacher, masked, labels, attention_mask,
+    only_masked = distill_pretrain.distillation_terms(student, teacher, batch,
                                                       DistillPretrainConfig(restrict_ce_to_mask=True))
     assert not torch.allclose(everywhere["ce"], only_masked["ce"])
     assert torch.allclose(everywhere["mlm"], only_masked["mlm"])  # MLM is always on masked positions
@@ -78,45 +106,45 @@ def test_restricting_ce_to_masked_positions_changes_the_term(artifacts):
 
 def test_distill_pretrain_reports_student_and_teacher_accuracy(artifacts, tmp_path):
     metrics = distill_pretrain.run(
-        tiny_config(), artifacts["student"], str(artifacts["mlm_teacher"]), artifacts["data"],
-        artifacts["counts"] / "token_counts.json", tmp_path / "out", tmp_path / "work",
+        tiny_config(), artifacts["student"], str(artifacts["mlm_teacher"]), artifacts["corpus"],
+        tmp_path / "out", tmp_path / "work",
     )
     assert metrics["steps"] == 4
     assert 0.0 <= metrics["student_mlm_accuracy"] <= 1.0 and 0.0 <= metrics["teacher_mlm_accuracy"] <= 1.0
+    assert metrics["n_heldout_masked_tokens"] > 0
     assert {"ce", "mlm", "cos", "loss"} <= metrics["final_loss_terms"].keys()
-    assert metrics["peak_memory_mb"] > 0
+    assert metrics["peak_memory_mb"] > 0 and metrics["first_step_seconds"] > 0
     assert DistilBertForMaskedLM.from_pretrained(tmp_path / "out").config.n_layers == 2
 
 
 def test_the_stage_masks_with_smoothed_weights_and_keeps_the_teacher_frozen(artifacts, tmp_path, monkeypatch):
+    from pipeline.corpus import TokenizedCorpus
     from pipeline.masking import selection_weights_from_counts
     from pipeline.mlm import special_token_ids
-    from pipeline.stages.token_counts import load_token_counts
 
-    seen = {"weights": [], "teacher_states": []}
-    real_mask_tokens, real_terms = distill_pretrain.mask_tokens, distill_pretrain.distillation_terms
+    seen = {"weights": [], "teacher_states": [], "masked_rows": []}
+    real_collator, real_terms = distill_pretrain.MaskedBatchCollator, distill_pretrain.distillation_terms
 
-    def spy_mask_tokens(*args, **kwargs):
-        seen["weights"].append(kwargs.get("selection_weights"))
-        return real_mask_tokens(*args, **kwargs)
+    def spy_collator(tokenizer, probability, selection_weights=None):
+        seen["weights"].append(selection_weights)
+        return real_collator(tokenizer, probability, selection_weights)
 
-    def spy_terms(student, teacher, *args, **kwargs):
+    def spy_terms(student, teacher, batch, *args, **kwargs):
         seen["teacher_states"].append((teacher.training, [p for p in teacher.parameters() if p.requires_grad]))
-        return real_terms(student, teacher, *args, **kwargs)
+        seen["masked_rows"].append(len(batch["masked_positions"]))
+        return real_terms(student, teacher, batch, *args, **kwargs)
 
-    monkeypatch.setattr(distill_pretrain, "mask_tokens", spy_mask_tokens)
+    monkeypatch.setattr(distill_pretrain, "MaskedBatchCollator", spy_collator)
     monkeypatch.setattr(distill_pretrain, "distillation_terms", spy_terms)
     cfg = tiny_config(distill_pretrain={"train": {"max_steps": 2}})
-    counts_path = artifacts["counts"] / "token_counts.json"
-    distill_pretrain.run(cfg, artifacts["student"], str(artifacts["mlm_teacher"]), artifacts["data"], counts_path,
+    distill_pretrain.run(cfg, artifacts["student"], str(artifacts["mlm_teacher"]), artifacts["corpus"],
                          tmp_path / "out", tmp_path / "work")
 
     tokenizer = AutoTokenizer.from_pretrained(artifacts["student"])
-    expected = selection_weights_from_counts(load_token_counts(counts_path, len(tokenizer)),
+    expected = selection_weights_from_counts(TokenizedCorpus(artifacts["corpus"]).token_counts(),
                                              special_token_ids(tokenizer), 0.7)
-    assert len(seen["weights"]) == 2
-    for weights in seen["weights"]:  # every training batch is masked with count^-0.7 weights
-        assert weights is not None and torch.equal(weights, expected)
-    assert len(seen["teacher_states"]) == 2
+    assert len(seen["weights"]) == 1 and torch.equal(seen["weights"][0], expected)  # count^-0.7 for every batch
+    assert expected[tokenizer.cls_token_id] == 0 and expected.gt(0).sum() > 10
+    assert len(seen["teacher_states"]) == 2 and all(n > 0 for n in seen["masked_rows"])
     for training, trainable in seen["teacher_states"]:  # eval mode (no dropout), nothing to train
         assert training is False and trainable == []

@@ -1,5 +1,6 @@
-"""Training stages under torchrun: 2 CPU processes (gloo) of distill_pretrain on configs/test.yaml learn like one
-process with the same effective batch, and a 2-process run killed with SIGKILL resumes to the very same weights."""
+"""Training stages under torchrun: 2 CPU processes (PyTorch DDP on gloo) of distill_pretrain on configs/test.yaml
+learn like one process with the same tokens per step, every rank returns from training, and a 2-process run
+killed with SIGKILL resumes to the very same weights."""
 
 import json
 import os
@@ -21,17 +22,19 @@ from tests.stage_fixtures import build_tiny_artifacts, tiny_config
 pytestmark = pytest.mark.integration
 
 STEPS, LOG_EVERY = 120, 20
-# The two runs draw different masks (each rank has its own RNG stream), so their losses agree only up to noise.
-# Measured here: the mean loss of the last two logged intervals differs by 0.01 between the runs, while training
-# lowers the loss by 0.7 from the first log to the last.
+# The two runs see different batches and masks (each rank takes its own token-budget batches, masked with its own
+# seeds), so their losses agree only up to noise. Measured here: the mean loss of the last two logged intervals
+# differs by 0.01 between the runs, while training lowers the loss by 0.39 from the first log to the last.
 LOSS_TOLERANCE = 0.1
-MIN_LOSS_DROP = 0.5
+MIN_LOSS_DROP = 0.3
 
 
 def distill_command(artifacts: dict, out: Path, processes: int, batch_size: int) -> list[str]:
+    # Token-budget batches of up to batch_size sequences of 64 tokens (configs/test.yaml's max_seq_length); the
+    # 2-process runs read, batch and mask in a DataLoader worker.
     cfg = tiny_config(distill_pretrain={"train": {
-        "max_steps": STEPS, "batch_size": batch_size, "learning_rate": 5e-3, "log_every": LOG_EVERY,
-        "checkpoint_every": 4,
+        "max_steps": STEPS, "batch_size": batch_size, "max_tokens_per_batch": 64 * batch_size, "learning_rate": 5e-3,
+        "log_every": LOG_EVERY, "checkpoint_every": 4, "dataloader_workers": 1 if processes > 1 else 0,
     }})
     launcher = ["-m", "pipeline"]
     if processes > 1:  # what the Snakefile runs for compute.processes > 1
@@ -39,7 +42,7 @@ def distill_command(artifacts: dict, out: Path, processes: int, batch_size: int)
     return [
         sys.executable, *launcher, "distill-pretrain", "--config-json", json.dumps(to_dict(cfg)),
         "--student-dir", str(artifacts["student"]), "--teacher", str(artifacts["mlm_teacher"]),
-        "--data-dir", str(artifacts["data"]), "--token-counts", str(artifacts["counts"] / "token_counts.json"),
+        "--corpus-dir", str(artifacts["corpus"]),
         "--out-dir", str(out / "out"), "--work-dir", str(out / "work"),
     ]
 

@@ -8,7 +8,7 @@ import transformers
 from transformers import AutoTokenizer, BertForMaskedLM
 
 from pipeline.artifacts import write_manifest
-from pipeline.stages import prepare_data, teacher, tokenizer
+from pipeline.stages import prepare_data, teacher, tokenize_corpus, tokenizer
 from pipeline.stages.teacher import teacher_config_from_scratch
 from tests.stage_fixtures import tiny_config
 
@@ -58,29 +58,30 @@ def test_teacher_mlm_loss_is_the_cross_entropy_at_masked_positions_only(tmp_path
     # recorded masked batch, with cross-entropy at the masked positions only (not at every real token).
     import torch
 
-    from pipeline.stages import teacher as teacher_stage
+    from pipeline import mlm
 
     cfg = tiny_config(teacher={"architecture": {"dropout": 0.0},
                                "pretrain": {"max_steps": 1, "log_every": 1, "batch_size": 8}})
     data, tok = tmp_path / "data", tmp_path / "tokenizer"
     prepare_data.run(cfg, data)
     tokenizer.run(cfg, data, tok)
+    tokenize_corpus.run(cfg, data, tok, tmp_path / "corpus", workers=1)
     recorded = []
-    real_mask_tokens = teacher_stage.mask_tokens
+    real_mask_tokens = mlm.mask_tokens
 
     def spy_mask_tokens(input_ids, *args, **kwargs):
         masked, labels = real_mask_tokens(input_ids, *args, **kwargs)
         recorded.append((input_ids, masked, labels))
         return masked, labels
 
-    monkeypatch.setattr(teacher_stage, "mask_tokens", spy_mask_tokens)
-    teacher.run_pretrain(cfg, data, tok, tmp_path / "out", tmp_path / "work")
+    monkeypatch.setattr(mlm, "mask_tokens", spy_mask_tokens)  # the batch collator masks through it
+    teacher.run_pretrain(cfg, tmp_path / "corpus", tok, tmp_path / "out", tmp_path / "work")
     logged = json.loads((tmp_path / "out" / "train_log.jsonl").read_text().splitlines()[0])
 
     hf_tokenizer = AutoTokenizer.from_pretrained(tok)
     torch.manual_seed(cfg.seed)  # the stage builds its model right after seeding
     initial = BertForMaskedLM(teacher_config_from_scratch(cfg, hf_tokenizer)).eval()
-    (input_ids, masked, labels), = recorded
+    input_ids, masked, labels = recorded[0]  # the first training batch (later calls score the hold-out)
     attention_mask = (input_ids != hf_tokenizer.pad_token_id).long()
     with torch.no_grad():
         logits = initial(input_ids=masked, attention_mask=attention_mask).logits
