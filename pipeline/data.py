@@ -115,15 +115,6 @@ def load_squad(
     return dataset, report
 
 
-def read_corpus_lines(path: str | Path) -> list[str]:
-    """The non-empty lines of an MLM corpus file, stripped."""
-    lines = [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines()]
-    lines = [line for line in lines if line]
-    if not lines:
-        raise DataError(f"{path}: the MLM corpus has no non-empty lines")
-    return lines
-
-
 def local_data_files(squad: str, squad_dev: str | None, corpus: str) -> list[str]:
     """The configured data sources that are local files (not 'synthetic', 'squad_contexts' or a hub name).
 

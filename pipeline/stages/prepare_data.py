@@ -2,7 +2,8 @@
 
 Outputs (in --out-dir): train.jsonl and dev.jsonl (datasets squad columns), dev.json (SQuAD v1.1 layout, for
 `python -m pipeline evaluate-predictions`), corpus.txt (one document per line) when the corpus is generated here
-('synthetic' or 'squad_contexts'; tokenize_corpus reads other corpora where they are), metrics.json (counts). With `data.squad: synthetic` the offline world is generated first (synthetic/).
+('synthetic' or 'squad_contexts'; tokenize_corpus reads other corpora where they are), metrics.json (counts).
+With `data.squad: synthetic` the offline world is generated first (synthetic/).
 """
 
 from __future__ import annotations
