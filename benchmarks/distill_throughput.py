@@ -1,13 +1,17 @@
-"""Benchmark: pretraining-distillation throughput and peak memory at full size (not a test).
+"""Benchmark: pretraining-distillation throughput through the real data path (not a test).
 
 A bert-base-sized teacher (random weights: 12 layers, 768 wide, 30,522 tokens) distills into a 6-layer
-DistilBERT student initialised from teacher layers 0, 2, 4, 7, 9, 11, with the triple loss of
-pipeline/stages/distill_pretrain.py, at sequence length 128. Runs a few optimizer steps (after one warm-up
-step) and writes tokens/s, seconds per step and peak memory to a JSON file.
+DistilBERT student initialised from teacher layers 0, 2, 4, 7, 9, 11, with distill_pretrain's own loss
+(`distillation_terms`), fed exactly as the stage feeds it: sequences read from a memory-mapped tokenized corpus
+(a tokenize_corpus folder, or one written here of random ids in the same layout), token-budget batches, masking
+in the DataLoader's workers, pinned memory. Writes tokens/s and a step-time breakdown (waiting for data, forward,
+backward, optimizer) as JSON.
 
-    .venv/bin/python benchmarks/distill_throughput.py --steps 3 --batch-size 8 --out artifacts/benchmarks/distill_throughput_cpu.json
-    (on a GPU: --device cuda --batch-size 64 [--compile]; bf16 autocast, bf16 teacher and fused AdamW as in
-    the stage; the result then carries tokens/s per GPU. Several GPUs train at that rate each under torchrun.)
+    .venv/bin/python benchmarks/distill_throughput.py --steps 3 --max-tokens 2048 --seq-len 128 --workers 0
+    on one GPU (the paper's shape): --device cuda --seq-len 512 --max-tokens 65536 --workers 6 --compile
+
+The breakdown synchronises the device at the phase boundaries of the timed steps (that is what it measures);
+tokens/s is taken over the whole timed span. Several GPUs train at the per-GPU rate each under torchrun.
 """
 
 from __future__ import annotations
@@ -15,25 +19,56 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from transformers import BertConfig, BertForMaskedLM
 
-from pipeline.artifacts import atomic_write_json
+from pipeline.artifacts import atomic_write_json, cpu_description
 from pipeline.config import DistillPretrainConfig, TrainConfig
-from pipeline.masking import mask_tokens
-from pipeline.stages.distill_pretrain import distillation_terms, freeze
-from pipeline.students import init_student_from_teacher, student_config_from_teacher, teacher_layers_for_student
-from pipeline.train import build_optimizer, maybe_compile, peak_memory_mb
+from pipeline.corpus import TokenizedCorpus, token_budget_batches
+from pipeline.mlm import MaskedBatchCollator
+from pipeline.stages.distill_pretrain import distillation_terms
+from pipeline.students import freeze, init_student_from_teacher, student_config_from_teacher, teacher_layers_for_student
+from pipeline.train import build_optimizer, maybe_compile, micro_batch_loader, peak_memory_mb, to_device
+
+
+class BertTokenIds:
+    """What MaskedBatchCollator reads of a tokenizer: bert-base-uncased's special ids and vocabulary size."""
+
+    cls_token_id, sep_token_id, pad_token_id, mask_token_id = 101, 102, 0, 103
+    all_special_ids = [0, 100, 101, 102, 103]
+
+    def __len__(self) -> int:
+        return 30522
+
+
+def random_corpus(directory: Path, n_tokens: int, seed: int = 0) -> Path:
+    """A tokenize_corpus folder of random ids: documents of 50 to 2,000 ids, so chunks and tails both occur."""
+    rng = np.random.default_rng(seed)
+    lengths = []
+    while sum(lengths) < n_tokens:
+        lengths.append(int(rng.integers(50, 2000)))
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    rng.integers(1000, 30522, size=int(offsets[-1]), dtype=np.uint16).tofile(directory / "ids.bin")
+    np.save(directory / "doc_offsets.npy", offsets)
+    np.save(directory / "doc_is_heldout.npy", np.zeros(len(lengths), dtype=bool))
+    np.save(directory / "token_counts.npy", np.ones(30522, dtype=np.int64))
+    description = {"dtype": "uint16", "vocab_size": 30522, "n_documents": len(lengths), "n_tokens": int(offsets[-1])}
+    (directory / "corpus.json").write_text(json.dumps(description))
+    return directory
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=3, help="timed optimizer steps (after one warm-up step)")
     parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--max-tokens", type=int, default=2048, help="token budget of a batch (padded tokens)")
+    parser.add_argument("--corpus-dir", type=Path, default=None, help="a tokenize_corpus folder (bert-base ids)")
+    parser.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--compile", action="store_true", help="torch.compile the student's encoder (CUDA only)")
@@ -52,57 +87,84 @@ def main() -> None:
     bf16 = device.type == "cuda"
     if bf16:
         teacher = teacher.to(torch.bfloat16)
-    cfg = DistillPretrainConfig()
-    student_forward = maybe_compile(student.distilbert, TrainConfig(torch_compile=args.compile), device)
-    optimizer = build_optimizer(student, TrainConfig(learning_rate=5e-4), device)
+    cfg = DistillPretrainConfig(max_seq_length=args.seq_len)
+    train_cfg = TrainConfig(learning_rate=5e-4, torch_compile=args.compile)
+    student_forward = maybe_compile(student.distilbert, train_cfg, device)
+    optimizer = build_optimizer(student, train_cfg, device)
 
-    input_ids = torch.randint(1000, teacher_config.vocab_size, (args.batch_size, args.seq_len), device=device)
-    input_ids[:, 0], input_ids[:, -1] = 101, 102  # [CLS] ... [SEP]
-    attention_mask = torch.ones_like(input_ids)
-    special = torch.zeros_like(input_ids, dtype=torch.bool)
-    special[:, 0] = special[:, -1] = True
-
-    def step() -> dict:
-        masked, labels = mask_tokens(input_ids, special, 103, teacher_config.vocab_size, cfg.mlm_mask_prop)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            terms = distillation_terms(student, teacher, masked, labels, attention_mask, cfg, student_forward)
-        terms["loss"].backward()
-        torch.nn.utils.clip_grad_norm_(student.parameters(), 5.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return {k: float(v) for k, v in terms.items()}
-
-    step()  # warm-up: allocator, kernels
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(args.steps):
-        terms = step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - start
-    tokens = args.steps * args.batch_size * args.seq_len
+    with tempfile.TemporaryDirectory() as scratch:
+        corpus_dir = args.corpus_dir or random_corpus(Path(scratch), n_tokens=(args.steps + 1) * args.max_tokens * 4)
+        sequences = TokenizedCorpus(corpus_dir).sequences("train", args.seq_len)
+        collator = MaskedBatchCollator(BertTokenIds(), cfg.mlm_mask_prop)
+        lengths = sequences.sequence_lengths()
+        loader = micro_batch_loader(
+            sequences, collator, lambda epoch: token_budget_batches(lengths, args.max_tokens, 0, epoch), seed=0,
+            start_micro_batch=0, total_micro_batches=args.steps + 1, workers=args.workers,
+            pin_memory=device.type == "cuda",
+        )
+        phases = {"data_wait": 0.0, "forward": 0.0, "backward": 0.0, "optimizer": 0.0}
+        tokens = 0
+        start = None
+        clock = time.perf_counter()
+        for number, cpu_batch in enumerate(loader):
+            timed = number > 0  # step 0 warms up the allocator, kernels and compilation
+            if number == 1:
+                synchronize(device)
+                start = clock = time.perf_counter()
+            batch = to_device(cpu_batch, device)
+            clock = lap(phases, "data_wait", clock, device, timed)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                terms = distillation_terms(student, teacher, batch, cfg, student_forward)
+            clock = lap(phases, "forward", clock, device, timed)
+            terms["loss"].backward()
+            clock = lap(phases, "backward", clock, device, timed)
+            torch.nn.utils.clip_grad_norm_(student.parameters(), 5.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            clock = lap(phases, "optimizer", clock, device, timed)
+            if timed:
+                tokens += cpu_batch["n_tokens"]
+        synchronize(device)
+        seconds = time.perf_counter() - start
     result = {
-        "benchmark": "distill_pretrain throughput, bert-base teacher -> 6-layer DistilBERT student (random weights)",
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.processor() or platform.machine()})",
+        "benchmark": "distill_pretrain throughput through the corpus data path, bert-base teacher -> 6-layer "
+                     "DistilBERT student (random weights)",
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "cpu": cpu_description(),
+        "platform": platform.platform(),
         "threads": torch.get_num_threads(),
+        "loader_workers": args.workers,
         "torch": torch.__version__,
         "bf16": bf16,
         "torch_compile": args.compile and device.type == "cuda",
-        "batch_size": args.batch_size,
         "seq_len": args.seq_len,
+        "max_tokens_per_batch": args.max_tokens,
+        "corpus": str(args.corpus_dir) if args.corpus_dir else "random ids",
         "steps_timed": args.steps,
         "seconds_per_step": round(seconds / args.steps, 4),
         "tokens_per_second": round(tokens / seconds, 1),
-        "tokens_per_second_per_gpu": round(tokens / seconds, 1) if device.type == "cuda" else None,
+        "step_breakdown_seconds": {name: round(value / args.steps, 4) for name, value in phases.items()},
         "peak_memory_mb": round(peak_memory_mb(device), 1),
         "teacher_parameters": teacher.num_parameters(),
         "student_parameters": student.num_parameters(),
-        "last_loss_terms": terms,
+        "last_loss_terms": {name: float(value) for name, value in terms.items()},
         "reference": "Sanh et al. 2019 trained on 8 V100 GPUs for about 90 hours",
     }
     atomic_write_json(args.out, result)
     print(json.dumps(result, indent=2))
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def lap(phases: dict[str, float], name: str, since: float, device: torch.device, timed: bool) -> float:
+    synchronize(device)
+    now = time.perf_counter()
+    if timed:
+        phases[name] += now - since
+    return now
 
 
 if __name__ == "__main__":

@@ -169,13 +169,20 @@ def is_heldout(document_index: np.ndarray, seed: int, fraction: float) -> np.nda
 
 def training_documents(
     source: CorpusSource, seed: int, heldout_fraction: float, max_documents: int | None = None,
+    block: int = 10_000,
 ) -> Iterator[str]:
-    """The documents outside the hold-out (of the first `max_documents`), streamed in order."""
-    for index, document in enumerate(iter_documents(source)):
-        if max_documents is not None and index >= max_documents:
+    """The documents outside the hold-out (of the first `max_documents`), streamed in order; the hold-out is
+    decided for `block` documents at a time."""
+    documents = iter_documents(source)
+    first = 0
+    while max_documents is None or first < max_documents:
+        size = block if max_documents is None else min(block, max_documents - first)
+        batch = [document for _, document in zip(range(size), documents)]
+        held = is_heldout(np.arange(first, first + len(batch)), seed, heldout_fraction)
+        yield from (document for document, is_held in zip(batch, held) if not is_held)
+        if len(batch) < size:
             return
-        if not is_heldout(np.array([index]), seed, heldout_fraction)[0]:
-            yield document
+        first += len(batch)
 
 
 # ------------------------------------------------------------------------------------------------- tokenizing
@@ -219,11 +226,11 @@ def _tokenize_piece(piece: Piece) -> PieceResult:
                 batch.append(document)
                 text_bytes += len(document.encode("utf-8"))
             if batch and (document is None or len(batch) == ENCODE_BATCH_DOCUMENTS):
-                for encoding in tokenizer.encode_batch(batch, add_special_tokens=False):
-                    ids = np.asarray(encoding.ids, dtype=dtype)
-                    lengths.append(len(ids))
-                    out.write(ids.tobytes())
-                    counts += np.bincount(ids, minlength=vocab_size)[:vocab_size]
+                encoded = [encoding.ids for encoding in tokenizer.encode_batch(batch, add_special_tokens=False)]
+                lengths.extend(len(ids) for ids in encoded)
+                ids = np.concatenate([np.asarray(document_ids, dtype=dtype) for document_ids in encoded])
+                out.write(ids.tobytes())
+                counts += np.bincount(ids, minlength=vocab_size)[:vocab_size]  # one count per batch, not per line
                 batch = []
     return PieceResult(piece.number, str(ids_path), np.asarray(lengths, dtype=np.int64), counts, text_bytes)
 
@@ -414,12 +421,13 @@ class CorpusSequences(torch.utils.data.Dataset):
 
 
 def token_budget_batches(
-    lengths: np.ndarray, max_tokens: int, seed: int, epoch: int, world_size: int = 1, sort_window: int = 256,
+    lengths: np.ndarray, max_tokens: int, seed: int, epoch: int, world_size: int = 1, sort_window: int = 50,
 ) -> list[np.ndarray]:
     """One epoch's micro-batches, each at most `max_tokens` padded tokens (sequences x the longest one).
 
     The order depends only on (seed, epoch): a seeded shuffle, then windows of `sort_window` x the typical batch
-    sorted by length (similar lengths share a batch, little padding), then the batches shuffled. The number of
+    sorted by length (similar lengths share a batch, little padding; 50 as transformers' length-grouped
+    sampler, so a batch still mixes documents of different kinds), then the batches shuffled. The number of
     batches is padded to a multiple of `world_size` by repeating the first ones (as DistributedSampler pads), so
     every rank takes as many; batch b goes to rank b % world_size. Every sequence is in exactly one batch of the
     unpadded list."""

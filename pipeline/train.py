@@ -648,7 +648,8 @@ def train(
     if batch_plan is None:
         lengths = example_lengths if cfg.group_by_length else None
         batch_plan = examples_per_batch_plan(len(examples), cfg.batch_size, seed, group.world_size, lengths)
-    total_steps, total_micro_batches = count_optimizer_steps(cfg, len(rank_batches(batch_plan, 0, group)))
+    batches_per_epoch = len(rank_batches(batch_plan, 0, group))
+    total_steps, total_micro_batches = count_optimizer_steps(cfg, batches_per_epoch)
     optimizer = build_optimizer(module, cfg, device)
     scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * total_steps), total_steps)
     precision = mixed_precision(cfg, device)
@@ -739,7 +740,7 @@ def train(
             final_terms = {name: total / n_micro_batches for name, total in zip(names, sums)}
             record = {
                 "step": step,
-                "epoch": round(step * cfg.grad_accum_steps / max(1, len(rank_batches(batch_plan, 0, group))), 4),
+                "epoch": round(step * cfg.grad_accum_steps / batches_per_epoch, 4),
                 "lr": scheduler.get_last_lr()[0],
                 "tokens_per_second": round(job_tokens / max(elapsed, 1e-9), 1),
                 "effective_batch_size": effective_batch,
