@@ -156,7 +156,7 @@ rule tokenizer:
         directory(f"{ROOT}/tokenizer"),
     params:
         python=PYTHON,
-        cfg=stage_config("tokenizer", "teacher"),
+        cfg=stage_config("seed", "data", "tokenizer", "teacher"),  # the corpus source and its hold-out
     log:
         f"{ROOT}/logs/tokenizer.log",
     benchmark:

@@ -22,6 +22,7 @@ counts come from the collate on the CPU.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import math
@@ -762,8 +763,7 @@ def train(
     del stream, loader  # ends the loader's workers
 
     train_seconds = time.perf_counter() - run_start
-    total_tokens = int(all_ranks_sum([total_tokens], group, device)[0])
-    barrier(group)
+    total_tokens = int(all_ranks_sum([total_tokens], group, device)[0])  # a collective: every rank is done here
     if group.is_main:
         # Checkpoints exist to survive a crash; the finished run's outputs replace them (optimizer states are large).
         shutil.rmtree(checkpoint_dir, ignore_errors=True)
@@ -782,6 +782,10 @@ def train(
         first_step_seconds=first_step_seconds,
     )
     if group.distributed and final:
+        # The DDP wrapper (its reducer holds the process group) goes first: a gloo group destroyed while the
+        # reducer still refers to it can deadlock at exit (its worker thread waits for the GIL).
+        del loss_computation
+        gc.collect()
         torch.distributed.destroy_process_group()
     return result
 
