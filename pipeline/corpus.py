@@ -292,10 +292,10 @@ def tokenize_corpus(
     offsets = np.zeros(n_documents + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     heldout = is_heldout(np.arange(n_documents), seed, heldout_fraction)
-    ids = np.memmap(out_dir / "ids.bin", dtype=dtype, mode="r", shape=(n_tokens,)) if n_tokens else np.zeros(0, dtype)
     for document in np.flatnonzero(heldout):  # the hold-out is small: take its ids back out of the counts
-        counts -= np.bincount(ids[offsets[document] : offsets[document + 1]], minlength=vocab_size)[:vocab_size]
-    del ids
+        start, end = int(offsets[document]), int(offsets[document + 1])
+        held_ids = read_ids(out_dir / "ids.bin", dtype, n_tokens, start, end - start)
+        counts -= np.bincount(held_ids, minlength=vocab_size)[:vocab_size]
     tokenize_seconds = time.perf_counter() - started
     np.save(out_dir / "doc_offsets.npy", offsets)
     np.save(out_dir / "doc_is_heldout.npy", heldout)
@@ -341,6 +341,16 @@ def peak_rss_mb() -> dict:
 
 
 # ------------------------------------------------------------------------------------------------- reading
+
+
+def read_ids(path: Path, dtype: np.dtype, n_tokens: int, start: int, count: int) -> np.ndarray:
+    """ids[start:start + count] of a flat ids file, through a memory map opened for this read only.
+
+    A map kept open for a whole run would count every page it ever touched in the process's resident memory
+    (an epoch touches the whole file); a map per read, as nanoGPT's train.py makes one per batch, keeps a
+    process's memory flat in the corpus size. Opening one costs microseconds."""
+    ids = np.memmap(path, dtype=dtype, mode="r", shape=(n_tokens,))
+    return np.array(ids[start : start + count])
 
 
 class TokenizedCorpus:
@@ -389,25 +399,18 @@ def chunk_documents(doc_offsets: np.ndarray, documents: np.ndarray, max_seq_leng
 
 
 class CorpusSequences(torch.utils.data.Dataset):
-    """Sequences (ids without [CLS]/[SEP]) read from the memory-mapped ids file; picklable for loader workers,
-    each of which maps the file itself."""
+    """Sequences (ids without [CLS]/[SEP]) read from the memory-mapped ids file (see read_ids); holds only the
+    sequences' starts and lengths, so it is cheap to pickle into loader workers."""
 
     def __init__(self, ids_path: Path, dtype: np.dtype, n_tokens: int, starts: np.ndarray, lengths: np.ndarray):
         self.ids_path, self.dtype, self.n_tokens = Path(ids_path), dtype, n_tokens
         self.starts, self.lengths = starts, lengths
-        self._ids: np.memmap | None = None
 
     def __len__(self) -> int:
         return len(self.starts)
 
     def __getitem__(self, index: int) -> np.ndarray:
-        if self._ids is None:
-            self._ids = np.memmap(self.ids_path, dtype=self.dtype, mode="r", shape=(self.n_tokens,))
-        start = int(self.starts[index])
-        return np.asarray(self._ids[start : start + int(self.lengths[index])])
-
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_ids": None}
+        return read_ids(self.ids_path, self.dtype, self.n_tokens, int(self.starts[index]), int(self.lengths[index]))
 
     def sequence_lengths(self) -> np.ndarray:
         """Tokens of each sequence with [CLS] and [SEP]."""
