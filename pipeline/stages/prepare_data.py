@@ -19,8 +19,8 @@ import datasets
 from pipeline import synthetic
 from pipeline.artifacts import atomic_output_dir, atomic_write_json, setup_logging
 from pipeline.config import ConfigError, PipelineConfig, config_from_json
-from pipeline.corpus import GENERATED_CORPUS_FILE, corpus_source
-from pipeline.data import load_squad, looks_like_a_path
+from pipeline.corpus import GENERATED_CORPUS_FILE, corpus_source, iter_documents
+from pipeline.data import DataError, load_squad, looks_like_a_path
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +56,10 @@ def write_generated_corpus(cfg: PipelineConfig, synthetic_dir: Path, train: data
             for context in dict.fromkeys(train["context"]):
                 handle.write(" ".join(context.split()) + "\n")  # one line per document
     else:
-        corpus_source(data, out_dir)  # a missing local file stops the run here, with the key named
+        source = corpus_source(data, out_dir)  # a missing local file stops the run here, with the key named
+        # A local corpus without one document stops here too: reading stops at its first document.
+        if source.kind != "hub" and next(iter_documents(source), None) is None:
+            raise DataError(f"{data.corpus}: the MLM corpus has no non-empty lines")
         return 0
     with (out_dir / GENERATED_CORPUS_FILE).open(encoding="utf-8") as handle:
         return sum(1 for line in handle if line.strip())
