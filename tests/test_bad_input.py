@@ -189,7 +189,7 @@ def test_a_truncated_checkpoint_is_refused_by_name(tmp_path):
         return {"loss": torch.nn.functional.mse_loss(model(batch["x"]).squeeze(-1), batch["y"])}
 
     arguments = dict(module=model, compute_loss=compute_loss, examples=list(range(32)), cfg=cfg, seed=1,
-                     collate=lambda i: {"x": x[i], "y": y[i], "input_ids": torch.ones(len(i), 2, dtype=torch.long)},
+                     collate=lambda i, generator: {"x": x[i], "y": y[i], "input_ids": torch.ones(len(i), 2, dtype=torch.long)},
                      device=torch.device("cpu"), checkpoint_dir=tmp_path / "checkpoints", log_path=tmp_path / "log",
                      fingerprint="run")
     with pytest.raises(RuntimeError, match="killed"):
