@@ -18,13 +18,13 @@ COMMANDS = {
     "export-onnx": ("pipeline.stages.export_onnx", "main"),
     "quantize-onnx": ("pipeline.stages.quantize", "main"),
     "export-coreml": ("pipeline.stages.export_coreml", "main"),
-    "export-reference": ("pipeline.stages.reference", "main"),
+    "export-full-size": ("pipeline.stages.export_full_size", "main"),
     "bundle": ("pipeline.stages.bundle", "main"),
     "benchmark": ("pipeline.stages.benchmark", "main"),
     "benchmark-web": ("pipeline.stages.benchmark_web", "main"),
     "report": ("pipeline.stages.report", "main"),
     "study-summary": ("pipeline.stages.study", "main"),
-    "answer": ("pipeline.mobile", "main"),
+    "answer": ("pipeline.onnx_qa", "main"),
     "evaluate-predictions": ("pipeline.squad", "evaluate_predictions_main"),
     "schema": ("pipeline.config", "print_schema_main"),
     "verify": ("pipeline.artifacts", "verify_main"),
@@ -47,14 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as error:
         # Bad input (config, data, a bundle) and a missed export gate get one clear message, not a stack trace
         # from inside a library.
-        from pipeline.artifacts import ManifestError
-        from pipeline.config import ConfigError
-        from pipeline.data import DataError
-        from pipeline.gates import GateError
-        from pipeline.mobile import BundleError
-        from pipeline.students import LayerMappingError
+        from pipeline.errors import PipelineError
 
-        if isinstance(error, (ConfigError, DataError, GateError, BundleError, ManifestError, LayerMappingError)):
+        if isinstance(error, PipelineError):
             print(f"error: {error}", file=sys.stderr)
             return 2
         raise

@@ -13,6 +13,8 @@ import shutil
 from pathlib import Path
 from typing import Any, Iterator
 
+from pipeline.errors import PipelineError
+
 # Models exported for devices, and the stage folder each comes from (the Snakefile, benchmark and report share it).
 EXPORTED_MODELS = {"student": "distill_squad", "student_ce_only": "student_finetune", "teacher": "teacher"}
 
@@ -136,7 +138,7 @@ def to_plain(config_section: Any) -> Any:
 # ------------------------------------------------------------------------------------------------ manifests
 
 
-class ManifestError(ValueError):
+class ManifestError(PipelineError, ValueError):
     """A file is missing, truncated or changed with respect to the manifest written beside it."""
 
 

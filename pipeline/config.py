@@ -17,8 +17,10 @@ from typing import Any, Literal
 
 import yaml
 
+from pipeline.errors import PipelineError
 
-class ConfigError(ValueError):
+
+class ConfigError(PipelineError, ValueError):
     """A config key is unknown, has the wrong type or a value out of range. The message names the key."""
 
 
@@ -424,7 +426,7 @@ class CoreMLConfig:
     palettize_embeddings: bool = option(
         True,
         "Palettize the embedding tables too in the 4-bit variant (they are a third of DistilBERT's weights). The "
-        "full-size reference always does.",
+        "full-size export always does.",
     )
 
     def __post_init__(self) -> None:
@@ -454,7 +456,7 @@ class GatesConfig:
         minimum=0.0, maximum=1.0,
     )
     max_f1_drop: float = option(1.0, "Compressed variants: largest dev F1 drop from the fp32 model, in points.", minimum=0.0)
-    min_reference_agreement: float = option(
+    min_pytorch_agreement: float = option(
         0.99, "The torch-free answerer on the fp32 ONNX graph: fraction of dev answers equal to PyTorch's.",
         minimum=0.0, maximum=1.0,
     )
@@ -467,7 +469,7 @@ class GatesConfig:
 
 
 @dataclass
-class ReferenceConfig:
+class FullSizeConfig:
     """Full-size architectures run through the same export path: what the 207 MB figure is about."""
 
     architectures: list[Literal["distilbert", "bert-base"]] = option(
@@ -497,7 +499,7 @@ class ExportConfig:
     quantize: QuantizeConfig = section(QuantizeConfig, "ONNX quantization.")
     coreml: CoreMLConfig = section(CoreMLConfig, "CoreML conversion.")
     gates: GatesConfig = section(GatesConfig, "Accuracy gates of every export.")
-    reference: ReferenceConfig = section(ReferenceConfig, "Full-size reference architectures.")
+    full_size: FullSizeConfig = section(FullSizeConfig, "Full-size architectures (sizes and latency).")
 
 
 @dataclass
@@ -522,12 +524,12 @@ class BenchmarkConfig:
     javascript: bool = option(
         True, "Also time the bundle's model in onnxruntime-web (WASM) and onnxruntime-node (rule benchmark_web); "
         "needs Node.js 20 and `npm ci` in clients/web, which setup.sh runs where npm exists.")
-    javascript_reference: bool = option(
+    javascript_full_size: bool = option(
         False, "Also time the full-size DistilBERT int8-optimized graph in JavaScript (about a minute more on 2 cores).")
-    timed_references: list[str] = option(
+    timed_full_size: list[str] = option(
         ["bert-base/pytorch-fp32", "bert-base/onnx-int8-optimized", "distilbert/pytorch-fp32", "distilbert/onnx-fp32",
          "distilbert/onnx-int8", "distilbert/onnx-int8-optimized"],
-        "Full-size reference artifacts that are timed (each takes tens of seconds); the others get sizes only.",
+        "Full-size artifacts that are timed (each takes tens of seconds); the others get sizes only.",
     )
 
     def __post_init__(self) -> None:
@@ -561,7 +563,7 @@ class ComputeConfig:
         2, "Cores tokenize_corpus (one tokenizing process each) and tokenizer training ask for. The output does not "
         "depend on it.", minimum=1)
     export_mem_mb: int = option(
-        4000, "Memory the export, quantization, CoreML, reference and benchmark rules request (full-size BERT-base "
+        4000, "Memory the export, quantization, CoreML, full-size and benchmark rules request (full-size BERT-base "
         "exports hold several copies of the model).", minimum=100)
 
     def __post_init__(self) -> None:

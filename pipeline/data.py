@@ -22,10 +22,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline.errors import PipelineError
+
 # datasets is imported where data is loaded, not here: the Snakefile imports this module (local_data_files) while it
 # plans the DAG, and importing datasets there would add about a second to every snakemake call.
 if TYPE_CHECKING:
     import datasets
+
+    from pipeline.config import PipelineConfig
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +41,8 @@ MAX_SKIPPED_REASONS_KEPT = 5  # enough to see the pattern without flooding the r
 def squad_features() -> datasets.Features:
     """The hub "squad" dataset's schema, so local files and hub data give identical datasets."""
     import datasets
+
+    from pipeline.config import PipelineConfig
 
     return datasets.Features(
         {
@@ -52,7 +58,7 @@ def squad_features() -> datasets.Features:
     )
 
 
-class DataError(ValueError):
+class DataError(PipelineError, ValueError):
     """Data that cannot be used; the one-line message names the file, the example id and the field."""
 
 
@@ -93,6 +99,8 @@ def load_squad(
     """Load answerable SQuAD examples from a .json/.jsonl file or a datasets hub name, validating every record."""
     import datasets
 
+    from pipeline.config import PipelineConfig
+
     if on_bad_example not in ON_BAD_EXAMPLE_CHOICES:
         raise ValueError(f"on_bad_example must be one of {ON_BAD_EXAMPLE_CHOICES}, got {on_bad_example!r}")
     path = Path(source)
@@ -127,6 +135,29 @@ def local_data_files(squad: str, squad_dev: str | None, corpus: str) -> list[str
 
     squad_files = [squad, squad_dev] if is_local(squad) else []  # squad_dev is read only beside a local squad
     return [source for source in squad_files + [corpus] if is_local(source)]
+
+
+def configured_local_paths(cfg: PipelineConfig) -> dict[str, str]:
+    """Every file or folder the config names on this machine, by key: the data sources and the pretrained models
+    given as paths (hub names and the built-in sources are not paths)."""
+    sources = {
+        "data.squad": cfg.data.squad, "data.squad_dev": cfg.data.squad_dev, "data.corpus": cfg.data.corpus,
+        "tokenizer.pretrained": cfg.tokenizer.pretrained, "teacher.pretrained": cfg.teacher.pretrained,
+        "teacher.pretrained_qa": cfg.teacher.pretrained_qa,
+        "export.full_size.distilbert_pretrained": cfg.export.full_size.distilbert_pretrained,
+        "export.full_size.bert_base_pretrained": cfg.export.full_size.bert_base_pretrained,
+    }
+    return {key: source for key, source in sources.items()
+            if source and source not in ("synthetic", "squad_contexts")
+            and (looks_like_a_path(source) or source.endswith(".txt") or Path(source).exists())}
+
+
+def check_local_files(cfg: PipelineConfig) -> None:
+    """Stop with the key and the path when a local file or folder the config names does not exist. Called when the
+    DAG is planned, whatever outputs already exist."""
+    missing = [f"{key}: {path}" for key, path in configured_local_paths(cfg).items() if not Path(path).exists()]
+    if missing:
+        raise DataError("no such file or directory: " + "; ".join(missing))
 
 
 def looks_like_a_path(source: str) -> bool:

@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline import squad
+from pipeline.errors import PipelineError
 
 
-class GateError(RuntimeError):
+class GateError(PipelineError, RuntimeError):
     """An export missed one of its gates; the message names the artifact, the measure and both numbers."""
 
 

@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from pipeline.errors import PipelineError
+
 # torch and transformers are imported where a model is built: the Snakefile checks layer mappings with this
 # module while it plans the DAG, and importing them there would add seconds to every snakemake call.
 if TYPE_CHECKING:
@@ -28,7 +30,7 @@ DEFAULT_MAPPING_KEY = "student.layer_mapping"
 LAYER_MAPPING_STRATEGIES = ("every_other", "first_k", "last_k", "uniform")
 
 
-class LayerMappingError(ValueError):
+class LayerMappingError(PipelineError, ValueError):
     """A student→teacher layer mapping that cannot be used; the message names the config key."""
 
 

@@ -39,7 +39,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-import numpy as np
 import psutil
 import torch
 import torch.distributed

@@ -27,7 +27,7 @@ rule study_run:
         teacher=rules.teacher_finetune.output[0],
         mlm_teacher=[MLM_TEACHER] if AUGMENT and TEACHER_FROM_SCRATCH else [],
         data=rules.prepare_data.output[0],
-        code=code("stages/distill_squad", "stages/study", "augment", "train", "losses", "qa", "squad", "students"),
+        code=sorted(set(code("distill-squad")) | set(code("study-summary"))),  # study_stage.run_config too
     output:
         directory(f"{ROOT}/study/{{run}}/seed{{seed}}"),
     wildcard_constraints:
@@ -35,20 +35,19 @@ rule study_run:
         seed=r"\d+",
     params:
         cfg=study_run_config,
-        launch=lambda wildcards, threads: launch("distill-squad", threads),
         teacher=lambda wildcards, input: "--ce-only" if wildcards.run == study_stage.BASELINE
         else f"--teacher-dir {shlex.quote(str(input.teacher))} {MLM_TEACHER_ARG}",
         work=lambda wildcards: f"{ROOT}/work/study/{wildcards.run}/seed{wildcards.seed}",
     log:
-        f"{ROOT}/logs/study/{{run}}_seed{{seed}}.log",
+        log_file("study/{run}_seed{seed}"),
     benchmark:
-        f"{ROOT}/benchmarks/study/{{run}}_seed{{seed}}.tsv"
+        benchmark_file("study/{run}_seed{seed}")
     threads: training_threads(CFG.distill_squad.train, PAIRED_THREADS)
     resources:
         **TRAIN_RESOURCES,
     shell:
-        "{params.launch} {params.teacher} --config-json {params.cfg:q} --student-dir {input.student:q}"
-        " --data-dir {input.data:q} --out-dir {output:q} --work-dir {params.work:q} > {log:q} 2>&1"
+        stage_shell("distill-squad", "{params.teacher} --student-dir {input.student:q} --data-dir {input.data:q}"
+                    " --out-dir {output:q} --work-dir {params.work:q}", training=True)
 
 
 rule study_summary:
@@ -56,19 +55,18 @@ rule study_summary:
         runs=expand(f"{ROOT}/study/{{run}}/seed{{seed}}", run=STUDY_RUNS, seed=CFG.study.seeds),
         teacher=rules.teacher_finetune.output[0],
         data=rules.prepare_data.output[0],
-        code=code("stages/study", "squad", "latency"),
+        code=code("study-summary"),
     output:
         summary=f"{ROOT}/study/summary.json",
         markdown=f"{ROOT}/study/summary.md",
     params:
-        python=PYTHON,
         cfg=stage_config("study"),
         runs_dir=f"{ROOT}/study",
     log:
-        f"{ROOT}/logs/study_summary.log",
+        log_file("study_summary"),
     threads: 1
     resources:
         **LIGHT_RESOURCES,
     shell:
-        "{params.python:q} -m pipeline study-summary --config-json {params.cfg:q} --runs-dir {params.runs_dir:q}"
-        " --data-dir {input.data:q} --teacher-dir {input.teacher:q} --out-dir {params.runs_dir:q} > {log:q} 2>&1"
+        stage_shell("study-summary", "--runs-dir {params.runs_dir:q} --data-dir {input.data:q}"
+                    " --teacher-dir {input.teacher:q} --out-dir {params.runs_dir:q}")

@@ -6,7 +6,8 @@ import onnx
 import pytest
 
 from pipeline.config import BenchmarkConfig
-from pipeline.stages import benchmark, export_onnx, quantize, report
+from pipeline.export import int8, onnx_graph
+from pipeline.stages import benchmark, report
 from tests.conftest import PROJECT_ROOT
 
 
@@ -18,9 +19,9 @@ def tiny_int8(tmp_path_factory):
     model = DistilBertForQuestionAnswering(DistilBertConfig(vocab_size=200, dim=32, n_layers=2, n_heads=2,
                                                             hidden_dim=64, max_position_embeddings=128))
     model.save_pretrained(root / "pytorch")
-    export_onnx.export_fp32(root / "pytorch", root / "fp32", None)
-    naive = quantize.Int8Recipe("plain", "qoperator", per_channel=False, attention_int8=False)
-    quantize.quantize_int8(root / "fp32" / "model.onnx", root / "int8.onnx", naive, reduce_range=False)
+    onnx_graph.export_fp32(root / "pytorch", root / "fp32", None)
+    naive = int8.Int8Recipe("plain", "qoperator", per_channel=False, attention_int8=False)
+    int8.quantize_int8(root / "fp32" / "model.onnx", root / "int8.onnx", naive, reduce_range=False)
     return root
 
 
@@ -99,15 +100,15 @@ def test_the_int8_search_times_only_recipes_that_passed_on_every_model(tiny_int8
     from pipeline.artifacts import EXPORTED_MODELS
     from tests.stage_fixtures import tiny_config
 
-    recipes = {"int8": quantize.Int8Recipe("plain", "qoperator", False, False),
-               "int8-plain-qoperator-tensor-att8": quantize.Int8Recipe("plain", "qoperator", False, True),
-               "int8-plain-qoperator-channel-attfp32": quantize.Int8Recipe("plain", "qoperator", True, False)}
-    folder = tmp_path / "reference" / "distilbert"
+    recipes = {"int8": int8.Int8Recipe("plain", "qoperator", False, False),
+               "int8-plain-qoperator-tensor-att8": int8.Int8Recipe("plain", "qoperator", False, True),
+               "int8-plain-qoperator-channel-attfp32": int8.Int8Recipe("plain", "qoperator", True, False)}
+    folder = tmp_path / "full_size" / "distilbert"
     shutil.copytree(tiny_int8 / "pytorch", folder / "pytorch")
     for name, recipe in recipes.items():
         (folder / "onnx" / name).mkdir(parents=True)
-        quantize.quantize_int8(tiny_int8 / "fp32" / "model.onnx", folder / "onnx" / name / "model.onnx", recipe, False)
-    (folder / "reference.json").write_text(json.dumps({"int8_recipes": {n: r.__dict__ for n, r in recipes.items()}}))
+        int8.quantize_int8(tiny_int8 / "fp32" / "model.onnx", folder / "onnx" / name / "model.onnx", recipe, False)
+    (folder / "full_size.json").write_text(json.dumps({"int8_recipes": {n: r.__dict__ for n, r in recipes.items()}}))
     for model in EXPORTED_MODELS:
         passed = {"int8": True, "int8-plain-qoperator-tensor-att8": True,
                   "int8-plain-qoperator-channel-attfp32": model != "teacher"}
@@ -116,7 +117,7 @@ def test_the_int8_search_times_only_recipes_that_passed_on_every_model(tiny_int8
             json.dumps({"variants": {name: {"passed": ok} for name, ok in passed.items()}}))
     cfg = tiny_config(benchmark={"sequence_lengths": [32], "search_runs": 3, "warmup": 1,
                                  "session_options": ["default", "denormals-as-zero"]})
-    search = benchmark.search_int8(tmp_path, cfg)
+    search = int8.search_int8(tmp_path, cfg)
     assert set(search["candidates"]) == {"int8", "int8-plain-qoperator-tensor-att8"}
     assert search["rejected_by_gates"] == {"int8-plain-qoperator-channel-attfp32": {
         "student": True, "student_ce_only": True, "teacher": False}}

@@ -6,7 +6,8 @@ import logging
 import datasets
 import pytest
 
-from pipeline.data import DataError, LoadReport, load_squad, looks_like_a_path
+from pipeline.config import PipelineConfig, from_dict
+from pipeline.data import DataError, LoadReport, check_local_files, load_squad, looks_like_a_path
 
 PARIS_CONTEXT = "Paris is the capital of France. Lyon is the third city."  # "France" at 24, "Lyon" at 32
 
@@ -141,6 +142,22 @@ def test_missing_file_is_reported_without_asking_the_hub(tmp_path):
         load_squad("data/nowhere.json")
     with pytest.raises(DataError, match="file not found"):
         load_squad(str(tmp_path / "missing" / "train"))  # an absolute path without a suffix is still a path
+
+
+def test_every_missing_local_path_of_the_config_is_named_with_its_key(tmp_path):
+    present = tmp_path / "corpus.txt"
+    present.write_text("a document\n")
+    cfg = from_dict(PipelineConfig, {"data": {"squad": str(tmp_path / "train.json"), "squad_dev": "dev.jsonl",
+                                              "corpus": str(present)},
+                                     "teacher": {"pretrained": "./teachers/bert"},
+                                     "export": {"full_size": {"distilbert_pretrained": "distilbert-base-uncased"}}})
+    with pytest.raises(DataError) as raised:
+        check_local_files(cfg)
+    message = str(raised.value)
+    assert f"data.squad: {tmp_path / 'train.json'}" in message and "data.squad_dev: dev.jsonl" in message
+    assert "teacher.pretrained: ./teachers/bert" in message
+    assert "data.corpus" not in message and "distilbert" not in message  # present, and a hub name
+    check_local_files(from_dict(PipelineConfig, {}))  # the offline default names no file
 
 
 def test_paths_and_hub_names_are_told_apart():

@@ -1,4 +1,5 @@
-"""Stages export_onnx, quantize_onnx, export_coreml, export_reference and bundle on tiny models."""
+"""Stages export_onnx, quantize_onnx, export_coreml, export_full_size and bundle, and the export libraries they
+call (pipeline/export/), on tiny models."""
 
 import json
 import shutil
@@ -8,10 +9,11 @@ import sys
 import numpy as np
 import pytest
 
-from pipeline import mobile
+from pipeline import onnx_qa
 from pipeline.artifacts import verify_manifest
 from pipeline.gates import GateError
-from pipeline.stages import export_coreml, export_onnx, quantize, reference
+from pipeline.export import coreml, int8, onnx_graph
+from pipeline.stages import export_coreml, export_full_size, export_onnx, quantize
 from tests.conftest import PROJECT_ROOT
 from tests.stage_fixtures import EXPORT_RELAXED, tiny_config, tiny_qa_model_dir
 
@@ -72,7 +74,7 @@ def test_fused_op_counts_are_recorded_and_checked_per_layer(built):
         assert fused["Attention"] == n_layers and fused["SkipLayerNormalization"] == 2 * n_layers
         assert fused["EmbedLayerNormalization"] == 1
     with pytest.raises(GateError, match="Attention/MultiHeadAttention 1, expected 2"):
-        export_onnx.check_fusions({**fused, "Attention": 1}, 2, "somewhere")
+        onnx_graph.check_fusions({**fused, "Attention": 1}, 2, "somewhere")
 
 
 def test_a_missed_parity_gate_fails_the_stage_with_the_numbers_and_leaves_no_output(built, tmp_path):
@@ -90,7 +92,7 @@ def test_int8_variants_store_8_bit_weights_including_the_word_embeddings(built):
     from onnx import numpy_helper
 
     report = json.loads((built["quantized"] / "quantize.json").read_text())
-    recipes = quantize.int8_recipes(built["cfg"].export.quantize, report["settings"])
+    recipes = int8.int8_recipes(built["cfg"].export.quantize, report["settings"])
     assert set(report["variants"]) == {*recipes, "int4"}
     naive = onnx.load(str(built["quantized"] / "int8" / "model.onnx"))
     initializers = {i.name: i for i in naive.graph.initializer}
@@ -139,14 +141,14 @@ def test_the_int8_search_grid_skips_invalid_combinations_and_the_naive_duplicate
     cfg = tiny_config(export={"quantize": EXPORT_RELAXED["quantize"]}).export.quantize
     cfg.search_per_channel = [False, True]
     settings = {"per_channel": False, "reduce_range": False}
-    recipes = quantize.int8_recipes(cfg, settings)
-    assert list(recipes)[0] == quantize.NAIVE
-    assert recipes[quantize.NAIVE] == quantize.Int8Recipe("plain", "qoperator", False, False)
+    recipes = int8.int8_recipes(cfg, settings)
+    assert list(recipes)[0] == int8.NAIVE
+    assert recipes[int8.NAIVE] == int8.Int8Recipe("plain", "qoperator", False, False)
     assert "int8-plain-qoperator-tensor-attfp32" not in recipes  # the naive baseline under another name
     assert not any(r.graph == "fused" and (r.format == "qdq" or r.attention_int8) for r in recipes.values())
     # plain and noattn: 2 formats x 2 scales x 2 attention settings; fused: 2 scales; minus the naive duplicate
     assert len(recipes) == 1 + 8 + 8 + 2 - 1
-    assert all(name == quantize.NAIVE or name == recipe.name for name, recipe in recipes.items())
+    assert all(name == int8.NAIVE or name == recipe.name for name, recipe in recipes.items())
 
 
 @pytest.mark.parametrize(
@@ -155,10 +157,10 @@ def test_the_int8_search_grid_skips_invalid_combinations_and_the_naive_duplicate
 )
 def test_quantization_presets_per_target(target, per_channel, reduce_range):
     cfg = tiny_config(export={"quantize": {"target": target}}).export.quantize
-    settings = quantize.quantization_settings(cfg)
+    settings = int8.quantization_settings(cfg)
     assert (settings["per_channel"], settings["reduce_range"]) == (per_channel, reduce_range)
     explicit = tiny_config(export={"quantize": {"target": target, "per_channel": not per_channel}}).export.quantize
-    assert quantize.quantization_settings(explicit)["per_channel"] is (not per_channel)
+    assert int8.quantization_settings(explicit)["per_channel"] is (not per_channel)
 
 
 def test_compressed_variants_are_gated_on_answer_agreement_and_f1(built, tmp_path):
@@ -194,8 +196,8 @@ def test_coreml_wrapper_matches_the_model_and_its_fp16_mask_stays_finite(built):
 
     for name in ("student", "teacher"):
         model = AutoModelForQuestionAnswering.from_pretrained(built[name]).eval()
-        wrapped = export_coreml.load_wrapped(built[name], mask_input=True)
-        windows = mobile.QuestionAnswerer(built[f"onnx_{name}"] / "fp32" / "model.onnx", built[name] / "tokenizer.json",
+        wrapped = coreml.load_wrapped(built[name], mask_input=True)
+        windows = onnx_qa.QuestionAnswerer(built[f"onnx_{name}"] / "fp32" / "model.onnx", built[name] / "tokenizer.json",
                                           max_seq_length=64, doc_stride=16).windows(dev_examples(built["data"])[:4])
         ids, mask = torch.from_numpy(windows.input_ids), torch.from_numpy(windows.attention_mask)
         inputs = {"input_ids": ids, "attention_mask": mask}
@@ -235,7 +237,7 @@ def test_coreml_prediction_matches_pytorch_on_macos(built):  # pragma: no cover 
     import coremltools as ct
     import torch
 
-    wrapped = export_coreml.load_wrapped(built["student"], mask_input=True)
+    wrapped = coreml.load_wrapped(built["student"], mask_input=True)
     package = ct.models.MLModel(str(built["coreml"] / "fp16.mlpackage"))
     ids = np.full((1, 32), 5, dtype=np.int32)
     mask = np.ones((1, 32), dtype=np.int32)
@@ -248,7 +250,7 @@ def test_coreml_prediction_matches_pytorch_on_macos(built):  # pragma: no cover 
 # ---------------------------------------------------------------------------------------- full size, small
 
 
-def test_reference_stage_runs_the_whole_path_on_a_small_stand_in(built, tmp_path, monkeypatch):
+def test_full_size_stage_runs_the_whole_path_on_a_small_stand_in(built, tmp_path, monkeypatch):
     from transformers import DistilBertConfig, DistilBertForQuestionAnswering
 
     def small_distilbert(architecture, out_dir, pretrained, seed):
@@ -257,13 +259,13 @@ def test_reference_stage_runs_the_whole_path_on_a_small_stand_in(built, tmp_path
         model.save_pretrained(out_dir)
         return model.num_parameters()
 
-    monkeypatch.setattr(reference, "save_full_size", small_distilbert)
-    cfg = tiny_config(export={"reference": {"coreml_sequence_lengths": [32, 64]},
+    monkeypatch.setattr(export_full_size, "save_full_size", small_distilbert)
+    cfg = tiny_config(export={"full_size": {"coreml_sequence_lengths": [32, 64]},
                               "quantize": EXPORT_RELAXED["quantize"]})
-    report = reference.run(cfg, "distilbert", tmp_path / "reference")
+    report = export_full_size.run(cfg, "distilbert", tmp_path / "full_size")
     assert report["fused_ops"]["Attention"] == 2
     assert set(report["onnx_size_mb"]) == {"fp32", "optimized", *report["int8_recipes"], "int4"}
-    assert len(report["int8_recipes"]) == len(quantize.int8_recipes(cfg.export.quantize, report["quantization"]))
+    assert len(report["int8_recipes"]) == len(int8.int8_recipes(cfg.export.quantize, report["quantization"]))
     assert report["coreml"]["4bit"]["compressed_weight_ops"]["constexpr_lut_to_dense"] == 2 * 6 + 1 + 2
     assert report["goals"]["int8_onnx_mb"]["value"] == min(report["onnx_size_mb"][name]
                                                             for name in report["int8_recipes"])
@@ -289,8 +291,8 @@ def test_bundle_holds_the_contract_files_and_a_complete_manifest(built):
 
 def test_the_ort_model_loads_back_and_answers_like_the_onnx_model(built):
     examples = dev_examples(built["data"])
-    onnx_answers = mobile.QuestionAnswerer.from_bundle(built["bundle"]).predict(examples)
-    ort_answers = mobile.QuestionAnswerer.from_bundle(built["bundle"], model="model.int8.ort").predict(examples)
+    onnx_answers = onnx_qa.QuestionAnswerer.from_bundle(built["bundle"]).predict(examples)
+    ort_answers = onnx_qa.QuestionAnswerer.from_bundle(built["bundle"], model="model.int8.ort").predict(examples)
     assert ort_answers == onnx_answers
 
 
@@ -315,8 +317,8 @@ def test_a_changed_or_truncated_bundle_file_is_refused_by_name(built, tmp_path):
     shutil.copytree(built["bundle"], copy)
     model = copy / "model.int8.onnx"
     model.write_bytes(model.read_bytes()[:-10])
-    with pytest.raises(mobile.BundleError, match="model.int8.onnx: .* bytes, the manifest says"):
-        mobile.QuestionAnswerer.from_bundle(copy)
+    with pytest.raises(onnx_qa.BundleError, match="model.int8.onnx: .* bytes, the manifest says"):
+        onnx_qa.QuestionAnswerer.from_bundle(copy)
     completed = subprocess.run(
         [sys.executable, "-m", "pipeline", "answer", "--bundle", str(copy), "--question", "Who?", "--context", "Me."],
         capture_output=True, text=True, cwd=PROJECT_ROOT)
@@ -328,7 +330,7 @@ def variant(p50, size_mb, passed=True):
 
 
 def test_the_bundle_takes_the_fastest_passing_variant_and_breaks_near_ties_by_size():
-    choose = quantize.choose_bundle_variant
+    choose = int8.choose_bundle_variant
     assert choose({"int8": variant(10.0, 5), "int8-optimized": variant(8.0, 6)}, 0.05)[:2] == ("int8-optimized", "int8")
     assert choose({"int8": variant(10.0, 5), "int8-optimized": variant(9.8, 6)}, 0.05)[:2] == ("int8", "int8-optimized")
     assert choose({"int8": variant(10.0, 5), "int8-optimized": variant(1.0, 6, passed=False)}, 0.05)[:2] == ("int8", None)

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 from torch import nn
-from transformers import BertConfig, BertForMaskedLM, DistilBertForMaskedLM
+from transformers import BertForMaskedLM, DistilBertForMaskedLM
 
 from pipeline.losses import (
     AttentionScoreRecorder,

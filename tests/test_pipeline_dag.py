@@ -48,7 +48,7 @@ def test_every_stage_wrote_its_outputs_and_metrics(dag_outputs):
         for kind, report in (("onnx", "export.json"), ("quantized", "quantize.json"), ("coreml", "coreml.json")):
             assert (dag_outputs / kind / model / report).is_file(), f"{kind}/{model}/{report}"
     assert (dag_outputs / "bundle" / "manifest.json").is_file()
-    assert not (dag_outputs / "reference").exists()  # off in configs/test.yaml
+    assert not (dag_outputs / "full_size").exists()  # off in configs/test.yaml
     assert (dag_outputs / "benchmark" / "benchmark.json").is_file()
     train_log = (dag_outputs / "teacher" / "train_log.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in train_log] == [2, 4, 6]
@@ -69,6 +69,25 @@ def test_the_official_style_evaluation_cli_scores_the_teachers_predictions(dag_o
 def test_a_rerun_with_nothing_changed_runs_no_job(dag_run):
     completed = subprocess.run(dag_run.snakemake_command("-n"), capture_output=True, text=True, check=True)
     assert "Nothing to be done" in completed.stdout + completed.stderr
+
+
+@pytest.mark.parametrize("cores", ["1", "4"])
+def test_other_core_counts_find_nothing_to_do_after_a_build(dag_run, cores):
+    command = dag_run.snakemake_command("-n")
+    command[command.index("--cores") + 1] = cores
+    completed = subprocess.run(command, capture_output=True, text=True, check=True)
+    assert "Nothing to be done" in completed.stdout + completed.stderr, completed.stdout[-3000:]
+
+
+def test_a_missing_data_file_stops_a_planned_rerun_with_its_key_and_path(dag_run, tmp_path):
+    config = tmp_path / "missing.yaml"
+    config.write_text("data:\n  squad: /nonexistent/train.json\n  squad_dev: /nonexistent/dev.json\n")
+    command = dag_run.snakemake_command("-n")
+    command.insert(command.index("--configfile") + 3, str(config))  # merged over the build's own config files
+    completed = subprocess.run(command, capture_output=True, text=True)
+    assert completed.returncode != 0
+    console = completed.stdout + completed.stderr
+    assert "data.squad: /nonexistent/train.json" in console and "data.squad_dev: /nonexistent/dev.json" in console
 
 
 def test_a_config_typo_stops_the_run_before_any_job(tmp_path):

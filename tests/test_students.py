@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from transformers import BertConfig, BertForMaskedLM
+from transformers import BertForMaskedLM
 
 from pipeline.students import (
     LayerMappingError,

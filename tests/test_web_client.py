@@ -1,4 +1,4 @@
-"""The JavaScript client (clients/web): the Python reference's tokens, windows and answers, in Node and in Chromium.
+"""The JavaScript client (clients/web): the Python answerer's tokens, windows and answers, in Node and in Chromium.
 
 Skips with the reason where Node.js, the client's npm packages or Chromium are missing; `.ci/run` installs them.
 """
@@ -15,7 +15,7 @@ import random
 import pytest
 from tokenizers import Tokenizer
 
-from pipeline import mobile
+from pipeline import onnx_qa
 from pipeline.config import BenchmarkConfig
 from pipeline.stages import benchmark_web
 from tests.conftest import PROJECT_ROOT
@@ -119,10 +119,10 @@ def test_token_ids_and_offsets_equal_python_tokenizers_on_dev_and_hard_texts(tin
     assert_same_tokens(tiny["bundle"] / "tokenizer.json", texts + fuzz_texts(500))
 
 
-def test_windows_and_answers_equal_the_python_reference_on_node_and_web(tiny, tmp_path):
+def test_windows_and_answers_equal_the_python_answerer_on_node_and_web(tiny, tmp_path):
     questions = dev_questions(tiny["data"]) + hard_questions()
     report = check_parity.parity(tiny["bundle"], write_questions(tmp_path / "q.json", questions), ["node", "web"])
-    long_windows = sum(1 for w in mobile.QuestionAnswerer.from_bundle(tiny["bundle"]).windows(hard_questions()).example_ids
+    long_windows = sum(1 for w in onnx_qa.QuestionAnswerer.from_bundle(tiny["bundle"]).windows(hard_questions()).example_ids
                        if w == "long")
     assert long_windows > 3  # the long context needs several windows at this max_seq_length
     for backend, figures in report["backends"].items():
@@ -179,7 +179,7 @@ def test_the_demo_page_in_headless_chromium_shows_the_python_answers(tiny, tmp_p
     else:
         data_dir = tiny["data"]
     questions = dev_questions(data_dir)[:3]
-    python = mobile.QuestionAnswerer.from_bundle(bundle_dir)
+    python = onnx_qa.QuestionAnswerer.from_bundle(bundle_dir)
     expected = {q["id"]: python.answer(q["question"], q["context"])["answer"] for q in questions}
     screenshot, out = tmp_path / "demo.png", tmp_path / "browser.json"
     command = [NODE, str(CLIENT / "scripts" / "browser-check.mjs"), "--bundle", str(bundle_dir), "--questions",

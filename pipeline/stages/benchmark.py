@@ -1,14 +1,14 @@
 """Stage benchmark: size, dev accuracy, latency and peak memory of every artifact, measured on this machine.
 
 Artifacts: every model the pipeline exported (PyTorch fp32 as the baseline, ONNX fp32 / fused / int8 / 4-bit,
-the bundle's .ort, CoreML packages) and the full-size reference architectures (export_reference).
+the bundle's .ort, CoreML packages) and the full-size architectures (export_full_size).
 - size: bytes on disk (MB = 10^6 bytes; an .mlpackage counts every file in it).
 - dev exact match / F1: as the export stages measured them (ONNX through onnxruntime with the torch-free
-  answerer, PyTorch from training, CoreML from its PyTorch-side proxy); null for random-weight references.
+  answerer, PyTorch from training, CoreML from its PyTorch-side proxy); null for the random-weight full-size architectures.
 - latency: batch 1, every configured length and thread count, p50 and p90 over `runs` timed runs after
   `warmup`; onnxruntime sessions and torch pinned to the thread count, one process per artifact whose peak
   resident memory is recorded. CoreML cannot run on Linux: its latency is null, with the reason.
-- int8 search: every int8 recipe of the full-size DistilBERT (export_reference) that passed its accuracy gates
+- int8 search: every int8 recipe of the full-size DistilBERT (export_full_size) that passed its accuracy gates
   on every trained model (quantize_onnx) is timed at the longest length with 1 thread, round-robin; the two
   fastest are timed again under each configured onnxruntime session option set, and the fastest pair is
   "distilbert/onnx-int8-optimized" (its runner-up and every timing recorded). bert-base's int8 graph is built
@@ -37,8 +37,9 @@ import numpy as np
 
 from pipeline.artifacts import EXPORTED_MODELS, atomic_output_dir, atomic_write_json, directory_size_bytes, megabytes, read_json, setup_logging
 from pipeline.config import BenchmarkConfig, PipelineConfig, config_from_json
-from pipeline.gates import GateError
-from pipeline.latency import compare_latency, cpu_description, onnx_session, synthetic_feed
+from pipeline.export import int8
+from pipeline.export.full_size import random_windows
+from pipeline.latency import cpu_description, onnx_session, synthetic_feed
 
 logger = logging.getLogger(__name__)
 
@@ -95,19 +96,19 @@ def trained_artifacts(root: Path) -> list[dict]:
     return items
 
 
-NOT_TIMED_REFERENCE = "not in benchmark.timed_references (each full-size timing takes tens of seconds)"
+NOT_TIMED_FULL_SIZE = "not in benchmark.timed_full_size (each full-size timing takes tens of seconds)"
 
 
-def reference_artifacts(root: Path, architectures: list[str], timed: list[str]) -> list[dict]:
+def full_size_artifacts(root: Path, architectures: list[str], timed: list[str]) -> list[dict]:
     items = []
     for architecture in architectures:
-        folder = root / "reference" / architecture
-        report = read_json(folder / "reference.json")
+        folder = root / "full_size" / architecture
+        report = read_json(folder / "full_size.json")
         max_positions, vocab_size = model_shape(folder / "pytorch" / "config.json")
         shape = {"max_positions": max_positions, "vocab_size": vocab_size}
         name = f"{architecture}/pytorch-fp32"
         items.append(artifact(name, architecture, "pytorch", "fp32", folder / "pytorch" / "model.safetensors",
-                              timed=name in timed, untimed_reason=None if name in timed else NOT_TIMED_REFERENCE,
+                              timed=name in timed, untimed_reason=None if name in timed else NOT_TIMED_FULL_SIZE,
                               **shape))
         for variant in report["onnx_size_mb"]:
             if variant.startswith("int8-"):
@@ -115,7 +116,7 @@ def reference_artifacts(root: Path, architectures: list[str], timed: list[str]) 
             precision = "fp32-optimized" if variant == "optimized" else variant
             name = f"{architecture}/onnx-{'fp32-optimized' if variant == 'optimized' else variant}"
             items.append(artifact(name, architecture, "onnx", precision, folder / "onnx" / variant / "model.onnx",
-                                  timed=name in timed, untimed_reason=None if name in timed else NOT_TIMED_REFERENCE,
+                                  timed=name in timed, untimed_reason=None if name in timed else NOT_TIMED_FULL_SIZE,
                                   **shape))
         for variant, package in report["coreml"].items():
             items.append(artifact(f"{architecture}/coreml-{variant}", architecture, "coreml", variant,
@@ -274,92 +275,41 @@ def profile_ops(path: Path, sequence_length: int, vocab_size: int, runs: int, sc
             for op, us in ranked[:10]]
 
 
-# ------------------------------------------------------------------------------------------------ int8 search
-
-
-def recipes_passing_everywhere(root: Path) -> tuple[list[str], dict]:
-    """int8 recipe names that passed their accuracy gates on every trained model, and each model's verdicts."""
-    verdicts = {}
-    for model in EXPORTED_MODELS:
-        variants = read_json(root / "quantized" / model / "quantize.json")["variants"]
-        verdicts[model] = {name: bool(report["passed"]) for name, report in variants.items() if name.startswith("int8")}
-    names = sorted(set.intersection(*(set(name for name, ok in v.items() if ok) for v in verdicts.values())))
-    return names, verdicts
-
-
-def search_int8(root: Path, cfg: PipelineConfig) -> dict:
-    """The fastest gate-passing int8 recipe of the full-size DistilBERT, with its session options and runner-up."""
-    bcfg = cfg.benchmark
-    folder = root / "reference" / "distilbert"
-    reference = read_json(folder / "reference.json")
-    _, vocab_size = model_shape(folder / "pytorch" / "config.json")
-    passing, verdicts = recipes_passing_everywhere(root)
-    candidates = [name for name in reference["int8_recipes"] if name in passing]
-    if not candidates:
-        raise GateError(f"{root}/quantized/*/quantize.json: no int8 recipe passed its gates on every trained model "
-                        f"({verdicts})")
-    length = max(bcfg.sequence_lengths)
-    paths = {name: folder / "onnx" / name / "model.onnx" for name in candidates}
-    first = compare_latency(paths, length, vocab_size, threads=1, runs=bcfg.search_runs, warmup=bcfg.warmup)
-    finalists = sorted(candidates, key=lambda name: first[name]["p50"])[:2]
-    pairs = {f"{name}|{options}": (name, options) for name in finalists for options in bcfg.session_options}
-    second = compare_latency({key: paths[name] for key, (name, _) in pairs.items()}, length, vocab_size, threads=1,
-                             runs=bcfg.search_runs, warmup=bcfg.warmup,
-                             option_sets={key: options for key, (_, options) in pairs.items()})
-    ranked = sorted(pairs, key=lambda key: second[key]["p50"])
-    best_recipe, best_options = pairs[ranked[0]]
-    runner_up = next((key for key in ranked if pairs[key][0] != best_recipe), ranked[1] if len(ranked) > 1 else None)
-    return {
-        "sequence_length": length, "threads": 1, "runs": bcfg.search_runs,
-        "candidates": {name: {"recipe": reference["int8_recipes"][name], "latency_ms": first[name]}
-                       for name in candidates},
-        "rejected_by_gates": {name: {model: v.get(name) for model, v in verdicts.items()}
-                              for name in reference["int8_recipes"] if name not in passing},
-        "session_options": {key: {"recipe": name, "session_options": options, "latency_ms": second[key]}
-                            for key, (name, options) in pairs.items()},
-        "choice": {"recipe": best_recipe, "session_options": best_options, "latency_ms": second[ranked[0]]},
-        "runner_up": None if runner_up is None else {"recipe": pairs[runner_up][0],
-                                                     "session_options": pairs[runner_up][1],
-                                                     "latency_ms": second[runner_up]},
-    }
-
-
-def build_bert_base_int8(root: Path, cfg: PipelineConfig, recipe_name: str, reference_recipes: dict,
+def build_bert_base_int8(root: Path, cfg: PipelineConfig, recipe_name: str, distilbert_recipes: dict,
                          out_dir: Path) -> Path:
     """bert-base's int8 graph with the recipe the DistilBERT search chose (the naive one is already built)."""
-    from pipeline.stages import quantize, reference
-
-    onnx_dir = root / "reference" / "bert-base" / "onnx"
-    if recipe_name == quantize.NAIVE:
-        return onnx_dir / quantize.NAIVE / "model.onnx"
-    recipe = quantize.Int8Recipe(**reference_recipes[recipe_name])
+    onnx_dir = root / "full_size" / "bert-base" / "onnx"
+    if recipe_name == int8.NAIVE:
+        return onnx_dir / int8.NAIVE / "model.onnx"
+    recipe = int8.Int8Recipe(**distilbert_recipes[recipe_name])
     qcfg = cfg.export.quantize
-    _, vocab_size = model_shape(root / "reference" / "bert-base" / "pytorch" / "config.json")
-    calibration = reference.random_windows(vocab_size, cfg.seed + 1)  # as export_reference calibrates DistilBERT
-    settings = quantize.quantization_settings(qcfg)
-    quantize.build_variants(onnx_dir, out_dir, settings, {recipe_name: recipe}, calibration, len(calibration),
+    _, vocab_size = model_shape(root / "full_size" / "bert-base" / "pytorch" / "config.json")
+    calibration = random_windows(vocab_size, cfg.seed + 1)  # as export_full_size calibrates DistilBERT
+    settings = int8.quantization_settings(qcfg)
+    int8.build_variants(onnx_dir, out_dir, settings, {recipe_name: recipe}, calibration, len(calibration),
                             None, False, graphs_dir=out_dir / "graphs")
     shutil.rmtree(out_dir / "graphs", ignore_errors=True)
     return out_dir / recipe_name / "model.onnx"
 
 
+
 def optimized_int8_artifacts(root: Path, cfg: PipelineConfig, search: dict, tmp: Path) -> list[dict]:
-    """"<architecture>/onnx-int8-optimized" for each reference: the search's recipe and session options. A graph
+    """"<architecture>/onnx-int8-optimized" for each full-size architecture: the search's recipe and session options. A graph
     built here lies under tmp until the stage's output is committed; its "final_path" is where it ends up."""
     recipe_name = search["choice"]["recipe"]
-    recipes = read_json(root / "reference" / "distilbert" / "reference.json")["int8_recipes"]
+    recipes = read_json(root / "full_size" / "distilbert" / "full_size.json")["int8_recipes"]
     items = []
-    for architecture in cfg.export.reference.architectures:
-        folder = root / "reference" / architecture
+    for architecture in cfg.export.full_size.architectures:
+        folder = root / "full_size" / architecture
         if architecture == "distilbert":
             path = folder / "onnx" / recipe_name / "model.onnx"
         else:
             path = build_bert_base_int8(root, cfg, recipe_name, recipes, tmp / f"{architecture}-int8-optimized")
         max_positions, vocab_size = model_shape(folder / "pytorch" / "config.json")
         name = f"{architecture}/onnx-int8-optimized"
-        timed_here = name in cfg.benchmark.timed_references
+        timed_here = name in cfg.benchmark.timed_full_size
         item = artifact(name, architecture, "onnx", "int8-optimized", path, timed=timed_here,
-                        untimed_reason=None if timed_here else NOT_TIMED_REFERENCE, max_positions=max_positions,
+                        untimed_reason=None if timed_here else NOT_TIMED_FULL_SIZE, max_positions=max_positions,
                         vocab_size=vocab_size)
         item["recipe"] = recipe_name
         item["session_options"] = search["choice"]["session_options"]
@@ -372,15 +322,15 @@ def optimized_int8_artifacts(root: Path, cfg: PipelineConfig, search: dict, tmp:
 
 def run(cfg: PipelineConfig, root: Path, out_dir: Path) -> dict:
     bcfg = cfg.benchmark
-    items = trained_artifacts(root) + reference_artifacts(root, cfg.export.reference.architectures,
-                                                          bcfg.timed_references)
+    items = trained_artifacts(root) + full_size_artifacts(root, cfg.export.full_size.architectures,
+                                                          bcfg.timed_full_size)
     longest = max(bcfg.sequence_lengths)
-    with_search = "distilbert" in cfg.export.reference.architectures
+    with_search = "distilbert" in cfg.export.full_size.architectures
     with atomic_output_dir(out_dir, cfg) as tmp:
         int8_search = None
         if with_search:
             logger.info("searching the full-size DistilBERT int8 recipes")
-            int8_search = search_int8(root, cfg)
+            int8_search = int8.search_int8(root, cfg)
             items += optimized_int8_artifacts(root, cfg, int8_search, tmp)
         for item in items:
             if not item["timed"]:
@@ -393,13 +343,13 @@ def run(cfg: PipelineConfig, root: Path, out_dir: Path) -> dict:
                 item["path"] = str(out_dir / Path(item["path"]).relative_to(tmp))
         gemm_floor, profiles = None, {}
         if with_search:
-            reference = root / "reference" / "distilbert" / "onnx"
-            n_matmuls = gemm_floor_graph(reference / "int8" / "model.onnx", longest, tmp / "gemm_floor.onnx")
+            distilbert = root / "full_size" / "distilbert" / "onnx"
+            n_matmuls = gemm_floor_graph(distilbert / "int8" / "model.onnx", longest, tmp / "gemm_floor.onnx")
             gemm_floor = {"sequence_length": longest, "threads": 1, "n_matmul_integer": n_matmuls,
                           "latency_ms": time_gemm_floor(tmp / "gemm_floor.onnx", longest, bcfg)}
-            _, vocab_size = model_shape(root / "reference" / "distilbert" / "pytorch" / "config.json")
-            profiled = {"distilbert/onnx-int8": reference / "int8" / "model.onnx",
-                        "distilbert/onnx-int8-optimized": reference / int8_search["choice"]["recipe"] / "model.onnx"}
+            _, vocab_size = model_shape(root / "full_size" / "distilbert" / "pytorch" / "config.json")
+            profiled = {"distilbert/onnx-int8": distilbert / "int8" / "model.onnx",
+                        "distilbert/onnx-int8-optimized": distilbert / int8_search["choice"]["recipe"] / "model.onnx"}
             for name, path in profiled.items():
                 profiles[name] = profile_ops(path, longest, vocab_size, bcfg.profile_runs, tmp)
             for trace in tmp.glob("*.json"):

@@ -3,7 +3,7 @@
 The timing itself runs in Node (clients/web/scripts/bench.mjs, one process per model and runtime, so each peak
 memory is its own); this stage picks the models, calls it, and writes entries shaped like the benchmark
 summary's artifacts (format "onnx-web" / "onnx-node"). Timed: the bundle's model and, where the pipeline built
-it, the full-size DistilBERT reference int8 graph, whose 512 positions also reach the longest lengths.
+it, the full-size DistilBERT int8 graph, whose 512 positions also reach the longest lengths.
 
   python -m pipeline benchmark-web --root artifacts --out artifacts/benchmark_web/benchmark_web.json
 """
@@ -45,7 +45,7 @@ def check_client(client_dir: Path = CLIENT_DIR) -> str:
     return node
 
 
-def models_to_time(root: Path, with_reference: bool = True) -> list[dict]:
+def models_to_time(root: Path, with_full_size: bool = True) -> list[dict]:
     """The bundle's model (the student's chosen int8 graph) and, if asked and searched by rule benchmark, the
     full-size DistilBERT int8-optimized graph."""
     bundle = root / "bundle"
@@ -57,13 +57,13 @@ def models_to_time(root: Path, with_reference: bool = True) -> list[dict]:
     models = [{"model": "student", "precision": "int8-optimized", "recipe": read_json(bundle / "metrics.json")["onnx_variant"],
                "path": bundle / qa_config["onnx"]["model"], "max_positions": student_config["max_position_embeddings"],
                "vocab_size": student_config["vocab_size"]}]
-    reference = root / "reference" / "distilbert"
+    distilbert = root / "full_size" / "distilbert"
     search = (read_json(root / "benchmark" / "benchmark.json").get("int8_search")
               if (root / "benchmark" / "benchmark.json").is_file() else None)
-    if with_reference and search:
-        config = read_json(reference / "pytorch" / "config.json")
+    if with_full_size and search:
+        config = read_json(distilbert / "pytorch" / "config.json")
         models.append({"model": "distilbert", "precision": "int8-optimized", "recipe": search["choice"]["recipe"],
-                       "path": reference / "onnx" / search["choice"]["recipe"] / "model.onnx",
+                       "path": distilbert / "onnx" / search["choice"]["recipe"] / "model.onnx",
                        "max_positions": config["max_position_embeddings"], "vocab_size": config["vocab_size"]})
     return models
 
@@ -88,7 +88,7 @@ def run(root: Path, out: Path, cfg: BenchmarkConfig | None = None, client_dir: P
     node = check_client(client_dir)
     versions = {}
     artifacts = []
-    for model in models_to_time(root, cfg.javascript_reference):
+    for model in models_to_time(root, cfg.javascript_full_size):
         for backend, fmt in BACKENDS.items():
             logger.info("timing %s on %s", model["path"], fmt)
             result = time_in_node(node, model, backend, cfg, client_dir)

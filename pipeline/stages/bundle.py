@@ -9,7 +9,7 @@ artifacts/bundle/
   README.md                 the contract for app developers, with a worked example from this build
   metrics.json              dev scores of the bundled model through the torch-free answerer
   manifest.json             sha256 and bytes of every file, library versions, the hash of the config that built it
-The rule answers every dev question with the bundled ONNX and .ort models through pipeline/mobile.py (no torch)
+The rule answers every dev question with the bundled ONNX and .ort models through pipeline/onnx_qa.py (no torch)
 and holds them to the int8 gates against the PyTorch student.
 """
 
@@ -22,7 +22,7 @@ import logging
 import shutil
 from pathlib import Path
 
-from pipeline import mobile
+from pipeline import onnx_qa
 from pipeline.artifacts import (
     atomic_output_dir,
     atomic_write_json,
@@ -67,7 +67,7 @@ def convert_to_ort(onnx_path: Path, out_dir: Path) -> Path:
     return out_dir / onnx_path.with_suffix(".ort").name
 
 
-def qa_config(cfg: PipelineConfig, answerer: mobile.QuestionAnswerer, coreml: dict, tokenizer_config: dict) -> dict:
+def qa_config(cfg: PipelineConfig, answerer: onnx_qa.QuestionAnswerer, coreml: dict, tokenizer_config: dict) -> dict:
     session = answerer.session
     return {
         "format_version": 1,
@@ -105,7 +105,7 @@ def qa_config(cfg: PipelineConfig, answerer: mobile.QuestionAnswerer, coreml: di
     }
 
 
-def worked_example(answerer: mobile.QuestionAnswerer, example: dict) -> dict:
+def worked_example(answerer: onnx_qa.QuestionAnswerer, example: dict) -> dict:
     windows = answerer.windows([example])
     result = answerer.answer(example["question"], example["context"], n_best=3)
     first = windows.input_ids[0][: int(windows.attention_mask[0].sum())].tolist()
@@ -137,7 +137,7 @@ Everything here runs on the device; `manifest.json` lists the sha256 of every fi
 | `qa_config.json` | every setting below, machine-readable | |
 
 Dev set of this build ({metrics['n_questions']} questions): exact match {metrics['exact_match']}, F1 {metrics['f1']}
-(ONNX int8 through the reference answerer; the PyTorch student: F1 {metrics['pytorch_f1']}).
+(ONNX int8 through the torch-free answerer; the PyTorch student: F1 {metrics['pytorch_f1']}).
 
 ## Inputs and outputs
 - ONNX: {onnx_inputs}. Outputs `start_logits`, `end_logits`: float32 [batch, sequence], one score per token.
@@ -161,7 +161,7 @@ Dev set of this build ({metrics['n_questions']} questions): exact match {metrics
 6. The best pair over all windows is the answer. Cut its text from the original context with the offsets
    (start of the first token, end of the last): the answer keeps the context's case and accents.
 
-The reference implementation is `pipeline/mobile.py` (onnxruntime + tokenizers + numpy):
+The torch-free answerer `pipeline/onnx_qa.py` is the specification to port (onnxruntime + tokenizers + numpy):
 `python -m pipeline answer --bundle <this folder> --question "..." --context "..."`.
 
 ## Worked example (from this build)
@@ -205,13 +205,13 @@ def run(cfg: PipelineConfig, quantized_dir: Path, coreml_dir: Path, model_dir: P
 
         reports, predictions = [], {}
         for name, path in (("onnx", tmp / ONNX_NAME), ("ort", ort_path)):
-            answerer = mobile.QuestionAnswerer.with_squad_settings(path, tmp / "tokenizer.json", cfg.squad, threads=1)
+            answerer = onnx_qa.QuestionAnswerer.with_squad_settings(path, tmp / "tokenizer.json", cfg.squad, threads=1)
             predictions[name] = answerer.predict(examples)
             reports.append(compressed_model_report(f"{out_dir}/{path.name}", predictions[name], pytorch_predictions,
                                                    gold, pytorch_f1, cfg.export.gates.min_answer_agreement,
                                                    cfg.export.gates.max_f1_drop))
         raise_for_failures(reports, str(out_dir))
-        answerer = mobile.QuestionAnswerer.with_squad_settings(tmp / ONNX_NAME, tmp / "tokenizer.json", cfg.squad,
+        answerer = onnx_qa.QuestionAnswerer.with_squad_settings(tmp / ONNX_NAME, tmp / "tokenizer.json", cfg.squad,
                                                                threads=1)
         tokenizer_config = read_json(source / "tokenizer_config.json") if (source / "tokenizer_config.json").is_file() else {}
         config = qa_config(cfg, answerer, coreml, tokenizer_config)

@@ -57,7 +57,7 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
 
 
 def summary(cfg: PipelineConfig, root: Path, benchmark: dict) -> dict:
-    references = set(cfg.export.reference.architectures)
+    full_size = set(cfg.export.full_size.architectures)
     items = [{key: item.get(key) for key in SUMMARY_FIELDS} for item in benchmark["artifacts"]]
     by_name = {item["name"]: item for item in items}
     longest = max(cfg.benchmark.sequence_lengths)
@@ -85,8 +85,8 @@ def summary(cfg: PipelineConfig, root: Path, benchmark: dict) -> dict:
         "target_size_mb": TARGET_SIZE_MB,
         "machine": benchmark["machine"],
         "models": models,
-        "artifacts": [item for item in items if item["model"] not in references],
-        "reference": [item for item in items if item["model"] in references],
+        "artifacts": [item for item in items if item["model"] not in full_size],
+        "full_size": [item for item in items if item["model"] in full_size],
         "gemm_floor": None if floor is None else {
             **{k: floor[k] for k in ("sequence_length", "threads", "n_matmul_integer")},
             "latency_ms": floor["latency_ms"]["p50"], "ratio": ratio(model_ms, floor["latency_ms"]["p50"]),
@@ -98,7 +98,7 @@ def summary(cfg: PipelineConfig, root: Path, benchmark: dict) -> dict:
 # --------------------------------------------------------------------------------------------------- goals
 
 
-def goals(summary_data: dict, benchmark: dict, references: dict, longest: int) -> list[dict]:
+def goals(summary_data: dict, benchmark: dict, full_size: dict, longest: int) -> list[dict]:
     ratios = summary_data["ratios"]
     search = benchmark.get("int8_search") or {}
     chosen = (search.get("choice") or {}).get("recipe", "not searched")
@@ -117,7 +117,7 @@ def goals(summary_data: dict, benchmark: dict, references: dict, longest: int) -
          "value": ratios[f"distilbert_vs_bert_base_pytorch_fp32_speedup_seq{longest}_threads1"],
          "check": lambda v: v >= PAPER_CPU_SPEEDUP, "speed": False},
     ]
-    distilbert = references.get("distilbert")
+    distilbert = full_size.get("distilbert")
     if distilbert:
         for key, label in (("int8_onnx_mb", "full-size DistilBERT int8 ONNX size (MB)"),
                            ("coreml_4bit_mb", "full-size DistilBERT CoreML 4-bit size (MB)")):
@@ -165,7 +165,7 @@ def plot_accuracy(summary_data: dict, out_dir: Path, length: int) -> None:
               va="bottom")
     top = axis.get_ylim()[1]
     same_size: dict[int, list[dict]] = {}  # full-size artifacts within a few MB share one labelled line
-    for item in summary_data["reference"]:
+    for item in summary_data["full_size"]:
         if item["model"] == "distilbert":
             same_size.setdefault(round(item["size_mb"] / 5), []).append(item)
     for group in same_size.values():
@@ -352,8 +352,8 @@ def report_markdown(cfg: PipelineConfig, summary_data: dict, benchmark: dict, go
         f"Latency: batch 1, every token attended, p50 / p90 over {cfg.benchmark.runs} timed runs after "
         f"{cfg.benchmark.warmup} warm-up runs, threads pinned in onnxruntime and torch; one process per artifact (its "
         "peak resident memory is the last column). Sizes in MB = 10^6 bytes. 'n/a': the model has fewer positions than "
-        "the length, or it cannot be timed here (CoreML runs only on macOS; some full-size references are sized only, "
-        "see benchmark.timed_references).",
+        "the length, or it cannot be timed here (CoreML runs only on macOS; some full-size artifacts are sized only, "
+        "see benchmark.timed_full_size).",
         "",
         "## Models",
         "",
@@ -369,9 +369,9 @@ def report_markdown(cfg: PipelineConfig, summary_data: dict, benchmark: dict, go
                  "PyTorch models score as in each export's export.json." if cfg.export.gates.dev_questions else ""),
               "",
               "![F1 vs size](f1_vs_size.png)", "", "![F1 vs latency](f1_vs_latency.png)", ""]
-    if summary_data["reference"]:
-        lines += ["## Full-size reference architectures (random weights: sizes and speed only)", "",
-                  artifact_table(summary_data["reference"], cfg), "",
+    if summary_data["full_size"]:
+        lines += ["## Full-size architectures (random weights: sizes and speed only)", "",
+                  artifact_table(summary_data["full_size"], cfg), "",
                   "| ratio | value |", "|---|---|"]
         lines += [f"| {name} | {fmt(value, 3)} |" for name, value in summary_data["ratios"].items()]
         if summary_data["gemm_floor"]:
@@ -418,9 +418,9 @@ def run(cfg: PipelineConfig, root: Path, benchmark_path: Path, out_dir: Path,
     summary_data = summary(cfg, root, benchmark)
     schema = read_json(Path(__file__).resolve().parents[2] / "configs" / "summary.schema.json")
     jsonschema.validate(summary_data, schema)  # other tools read this file: never write one off its schema
-    references = {a: read_json(root / "reference" / a / "reference.json") for a in cfg.export.reference.architectures}
+    full_size = {a: read_json(root / "full_size" / a / "full_size.json") for a in cfg.export.full_size.architectures}
     longest = max(cfg.benchmark.sequence_lengths)
-    goal_rows = goals(summary_data, benchmark, references, longest)
+    goal_rows = goals(summary_data, benchmark, full_size, longest)
     plot_accuracy(summary_data, out_dir, min(cfg.benchmark.sequence_lengths))
     plot_losses(root, out_dir)
     atomic_write_text(out_dir / "report.md", report_markdown(cfg, summary_data, benchmark, goal_rows))

@@ -15,7 +15,6 @@ import logging
 import shutil
 from pathlib import Path
 
-import torch
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM, BertForQuestionAnswering
 
 from pipeline import qa

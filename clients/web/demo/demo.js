@@ -6,7 +6,7 @@ const $ = (id) => document.getElementById(id);
 ort.env.wasm.wasmPaths = new URL("../node_modules/onnxruntime-web/dist/", import.meta.url).href;
 
 function showHighlighted(context, start, end) {
-  // start/end count code points (as the Python reference does); the DOM wants string pieces.
+  // start/end count code points (as the Python answerer does); the DOM wants string pieces.
   const chars = codePoints(context);
   const view = $("highlighted");
   view.replaceChildren();

@@ -1,4 +1,4 @@
-"""Parity of the JavaScript client with the Python reference (pipeline.mobile) on one bundle and question file.
+"""Parity of the JavaScript client with the torch-free Python answerer (pipeline.onnx_qa) on one bundle and question file.
 
 Runs `node scripts/parity.mjs` on each backend, then compares with the Python answerer on the same questions:
   * token ids and context offsets of every window of every question (must be identical),
@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pipeline import mobile
+from pipeline import onnx_qa
 
 CLIENT_DIR = Path(__file__).resolve().parents[1]
 
@@ -27,7 +27,7 @@ CLIENT_DIR = Path(__file__).resolve().parents[1]
 def read_questions(path: Path) -> list[dict[str, str]]:
     """JSON lines (the pipeline's dev.jsonl) or whatever `python -m pipeline answer --json` reads."""
     if path.suffix != ".jsonl":
-        return mobile.read_questions(path)
+        return onnx_qa.read_questions(path)
     questions = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if line.strip():
@@ -50,7 +50,7 @@ def run_javascript(bundle: Path, questions: Path, backend: str, tokenizer: str =
         return json.loads(out.read_text(encoding="utf-8"))
 
 
-def compare_windows(python_windows: mobile.Windows, js_windows: list[dict]) -> dict:
+def compare_windows(python_windows: onnx_qa.Windows, js_windows: list[dict]) -> dict:
     """Windows whose ids or context offsets differ, with the first difference of each (at most 5 listed)."""
     differences = []
     if len(js_windows) != len(python_windows):
@@ -70,7 +70,7 @@ def compare_windows(python_windows: mobile.Windows, js_windows: list[dict]) -> d
 
 def parity(bundle: Path, questions_path: Path, backends: list[str], tokenizer: str = "json") -> dict:
     questions = read_questions(questions_path)
-    answerer = mobile.QuestionAnswerer.from_bundle(bundle, threads=1)
+    answerer = onnx_qa.QuestionAnswerer.from_bundle(bundle, threads=1)
     python_windows = answerer.windows(questions)
     python_answers = answerer.predict(questions)
     report = {"bundle": str(bundle), "questions": str(questions_path), "n_questions": len(questions),
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         report = parity(args.bundle, args.questions, args.backends, args.tokenizer)
-    except mobile.BundleError as error:
+    except onnx_qa.BundleError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     text = json.dumps(report, ensure_ascii=False, indent=1)

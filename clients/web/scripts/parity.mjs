@@ -1,5 +1,5 @@
-// Answers and windows of the JavaScript client on a question file, for the parity check against the Python
-// reference (clients/web/scripts/check_parity.py compares them).
+// Answers and windows of the JavaScript client on a question file, for the parity check against the torch-free
+// Python answerer (clients/web/scripts/check_parity.py compares them).
 //   node scripts/parity.mjs --bundle DIR --questions FILE --out FILE [--backend node|web] [--tokenizer json|vocab]
 // FILE: JSON lines or a JSON list of {id, question, context}, or a SQuAD file. The output holds
 // {backend, predictions: {id: text}, windows: [{example_id, input_ids, context_offsets}], seconds}.

@@ -1,7 +1,7 @@
 // Extractive question answering on an app bundle, the same code on onnxruntime-node, onnxruntime-web and
 // onnxruntime-react-native (they share the InferenceSession / Tensor API; the caller passes the module in).
 //
-// The steps follow pipeline/mobile.py, the Python reference:
+// The steps follow pipeline/onnx_qa.py, the torch-free Python answerer:
 //   1. Tokenize question and context; cut the context into windows of max_seq_length tokens
 //      ([CLS] question [SEP] context part [SEP]) that overlap by doc_stride tokens.
 //   2. Keep, per window, the character offsets of its context tokens (other positions: null).
@@ -15,7 +15,7 @@ export class BundleError extends Error {}
 const QA_CONFIG_KEYS = ["max_seq_length", "doc_stride", "n_best_size", "max_answer_length", "tokenizer", "onnx"];
 const MODEL_INPUTS = new Set(["input_ids", "attention_mask", "token_type_ids"]);
 const SPECIAL_TOKENS_IN_PAIR = 3; // [CLS] question [SEP] context [SEP]
-const PADDED_LOGIT = -1e4; // logits past a batch's longest window, as in the Python reference
+const PADDED_LOGIT = -1e4; // logits past a batch's longest window, as in the Python answerer
 
 /** Parse and check qa_config.json; `source` names the file in errors. */
 export function parseQaConfig(text, source = "qa_config.json") {

@@ -33,7 +33,7 @@ export function windowCandidates(offsets, startLogits, endLogits, nBestSize, max
       candidates.push({
         charStart: offsets[start][0],
         charEnd: offsets[end][1],
-        // The model's logits are float32 and so is their sum in the Python reference.
+        // The model's logits are float32 and so is their sum in the Python answerer (pipeline/onnx_qa.py).
         score: Math.fround(startLogits[start] + endLogits[end]),
         startLogit: startLogits[start],
         endLogit: endLogits[end],

@@ -1,6 +1,6 @@
 """Torch-free question answering on an app bundle: onnxruntime + tokenizers + numpy, nothing else.
 
-This module is the reference an app port (Swift, Kotlin, JavaScript) follows, step by step:
+This module is the specification an app port (Swift, Kotlin, JavaScript) follows, step by step:
   1. Tokenize question and context as a pair with the bundle's tokenizer.json: question first, the context
      truncated into overlapping windows of `max_seq_length` tokens that share `doc_stride` tokens.
   2. Keep, per window, the character offsets of its context tokens (other tokens: none).
@@ -29,12 +29,13 @@ from tokenizers import Tokenizer
 
 from pipeline import squad
 from pipeline.artifacts import ManifestError, verify_manifest
+from pipeline.errors import PipelineError
 
 CONTEXT_SEQUENCE_ID = 1  # question first, context second
 NUMPY_DTYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}
 
 
-class BundleError(ValueError):
+class BundleError(PipelineError, ValueError):
     """A bundle or an input file is incomplete or malformed; the message names the file and the field."""
 
 

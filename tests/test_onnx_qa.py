@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from pipeline import mobile, squad
+from pipeline import onnx_qa, squad
 from pipeline.config import SquadConfig
 from pipeline.data import load_squad
 from pipeline.stages import prepare_data, tokenizer
@@ -23,7 +23,7 @@ HARD_CONTEXTS = [
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("mobile")
+    root = tmp_path_factory.mktemp("onnx_qa")
     cfg = tiny_config()
     prepare_data.run(cfg, root / "data")
     tokenizer.run(cfg, root / "data", root / "tokenizer")
@@ -37,7 +37,7 @@ def training_windows(examples, tokenizer_path, squad_cfg):
     return squad.prepare_validation_features(columns, hf_tokenizer, squad_cfg.max_seq_length, squad_cfg.doc_stride)
 
 
-class WindowsOnly(mobile.QuestionAnswerer):
+class WindowsOnly(onnx_qa.QuestionAnswerer):
     """The answerer's tokenization without an ONNX session."""
 
     def __init__(self, tokenizer_path, max_seq_length, doc_stride):
@@ -78,7 +78,7 @@ def test_windows_match_on_real_squad_paragraphs(tokenizer_dir, squad2_dev_sample
 
 def test_a_question_too_long_for_the_window_is_refused_by_id(tokenizer_dir):
     answerer = WindowsOnly(tokenizer_dir / "tokenizer", 16, 4)
-    with pytest.raises(mobile.BundleError, match="question 'q7'.*too long"):
+    with pytest.raises(onnx_qa.BundleError, match="question 'q7'.*too long"):
         answerer.windows([{"id": "q7", "question": "who " * 40, "context": "nobody at all"}])
 
 
@@ -91,7 +91,7 @@ def test_a_long_question_with_a_context_that_fits_in_one_window_is_answered(toke
 def test_question_files_are_validated_with_the_record_named(tmp_path):
     path = tmp_path / "questions.json"
     path.write_text(json.dumps([{"id": "a", "question": "Who?", "context": "Me."}, {"id": "b", "question": 3}]))
-    with pytest.raises(mobile.BundleError, match="question 1: field 'question' must be a string"):
-        mobile.read_questions(path)
+    with pytest.raises(onnx_qa.BundleError, match="question 1: field 'question' must be a string"):
+        onnx_qa.read_questions(path)
     path.write_text(json.dumps({"data": [{"paragraphs": [{"context": "Me.", "qas": [{"id": "x", "question": "Who?"}]}]}]}))
-    assert mobile.read_questions(path) == [{"id": "x", "question": "Who?", "context": "Me."}]
+    assert onnx_qa.read_questions(path) == [{"id": "x", "question": "Who?", "context": "Me."}]

@@ -1,0 +1,203 @@
+"""CoreML mlprogram packages of a QA model: the fp16-safe wrapper, weight compression on the PyTorch side
+(coremltools.optimize.torch), conversion, the package read back as a spec and checked, and the float16 proxy
+that scores a package on Linux (CoreML prediction runs only on macOS).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pipeline import squad
+from pipeline.artifacts import directory_size_bytes
+from pipeline.config import ConfigError, CoreMLConfig, PipelineConfig
+from pipeline.gates import GateError
+
+# Added to masked attention scores. torch.finfo(float32).min overflows to -inf in float16 and can turn a softmax
+# into NaN; -1e4 is finite in float16 and still gives masked keys a weight of exp(-1e4) = 0.
+MASKED_SCORE = -1.0e4
+SPEC_VERSION_TARGET = {7: "iOS16", 8: "iOS17", 9: "iOS18"}
+# MIL ops that hold compressed weights, per variant (int8 is blockwise from iOS18, affine before).
+COMPRESSED_WEIGHT_OPS = {"int8": ("constexpr_blockwise_shift_scale", "constexpr_affine_dequantize"),
+                         "4bit": ("constexpr_lut_to_dense",)}
+
+
+class CoreMLQuestionAnswering(torch.nn.Module):
+    """A DistilBERT or BERT QA model with the inputs a CoreML package takes and an explicit, fp16-safe mask."""
+
+    def __init__(self, model: torch.nn.Module, pad_token_id: int, sep_token_id: int, mask_input: bool):
+        super().__init__()
+        self.model, self.mask_input = model, mask_input
+        self.pad_token_id, self.sep_token_id = pad_token_id, sep_token_id
+        self.is_distilbert = hasattr(model, "distilbert")
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None):
+        if not self.mask_input:
+            attention_mask = (input_ids != self.pad_token_id).to(torch.int32)
+        if self.is_distilbert:
+            hidden = self.model.distilbert.embeddings(input_ids)
+        else:
+            is_sep = (input_ids == self.sep_token_id).to(torch.int32)
+            token_type_ids = ((torch.cumsum(is_sep, dim=1) - is_sep) > 0).to(torch.int32)  # after the first [SEP]
+            hidden = self.model.bert.embeddings(input_ids=input_ids, token_type_ids=token_type_ids)
+        additive_mask = (1.0 - attention_mask[:, None, None, :].to(hidden.dtype)) * MASKED_SCORE
+        if self.is_distilbert:
+            n_layers = self.model.config.n_layers
+            hidden = self.model.distilbert.transformer(x=hidden, attn_mask=additive_mask, head_mask=[None] * n_layers,
+                                                       return_dict=False)[0]
+        else:
+            hidden = self.model.bert.encoder(hidden, attention_mask=additive_mask, return_dict=False)[0]
+        start_logits, end_logits = self.model.qa_outputs(hidden).split(1, dim=-1)
+        return start_logits.squeeze(-1), end_logits.squeeze(-1)
+
+
+def load_wrapped(model_dir: Path, mask_input: bool) -> CoreMLQuestionAnswering:
+    from transformers import AutoModelForQuestionAnswering, AutoTokenizer
+
+    # sdpa attention takes the additive float mask as it is (the eager DistilBERT path would rebuild it).
+    model = AutoModelForQuestionAnswering.from_pretrained(model_dir, attn_implementation="sdpa").eval()
+    if (model_dir / "tokenizer.json").is_file():
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        pad_token_id, sep_token_id = tokenizer.pad_token_id, tokenizer.sep_token_id
+    else:  # a bare architecture (a full-size architecture): ids from its config; DistilBERT needs no [SEP] id
+        pad_token_id, sep_token_id = model.config.pad_token_id, getattr(model.config, "sep_token_id", None) or -1
+    return CoreMLQuestionAnswering(model, pad_token_id, sep_token_id, mask_input).eval()
+
+
+def compress(wrapped: torch.nn.Module, variant: str, cfg: CoreMLConfig) -> torch.nn.Module:
+    """The PyTorch-side compressed copy (weights quantized and dequantized, with metadata coremltools converts)."""
+    if variant == "fp16":
+        return wrapped
+    if variant == "int8":
+        from coremltools.optimize.torch.quantization import PostTrainingQuantizer, PostTrainingQuantizerConfig
+
+        class QuantizerWithEmbeddings(PostTrainingQuantizer):
+            # coremltools' post-training quantizer covers Linear but not Embedding, and the word embeddings are a
+            # third of DistilBERT's weights; the same per-row symmetric int8 applies to them.
+            _supported_modules = PostTrainingQuantizer._supported_modules + (torch.nn.Embedding,)
+
+        config = PostTrainingQuantizerConfig.from_dict({"global_config": {
+            "weight_dtype": "int8", "granularity": "per_channel", "quantization_scheme": "symmetric"}})
+        return QuantizerWithEmbeddings(wrapped, config).compress()
+    if variant == "4bit":
+        from coremltools.optimize.torch.palettization import PostTrainingPalettizer, PostTrainingPalettizerConfig
+
+        global_config = {"n_bits": 4, "granularity": cfg.palettization_granularity}
+        if cfg.palettization_granularity == "per_grouped_channel":
+            global_config["group_size"] = cfg.palettization_group_size
+        config = {"global_config": global_config}
+        if not cfg.palettize_embeddings:
+            config["module_type_configs"] = {"Embedding": None}
+        config = PostTrainingPalettizerConfig.from_dict(config)
+        return PostTrainingPalettizer(wrapped, config).compress()
+    raise ValueError(f"unknown CoreML variant {variant!r}")
+
+
+def convert(wrapped: torch.nn.Module, cfg: CoreMLConfig, out_path: Path) -> None:
+    import coremltools as ct
+
+    lengths = sorted(cfg.sequence_lengths)
+    example = torch.ones(1, lengths[0], dtype=torch.int32)
+    mask_input = cfg.minimum_deployment_target == "iOS18"
+    with torch.no_grad():
+        traced = torch.jit.trace(wrapped, (example, example) if mask_input else (example,))
+    shapes = ct.EnumeratedShapes(shapes=[[1, length] for length in lengths], default=[1, lengths[0]])
+    inputs = [ct.TensorType("input_ids", shape=shapes, dtype=np.int32)]
+    if mask_input:
+        inputs.append(ct.TensorType("attention_mask", shape=shapes, dtype=np.int32))
+    mlmodel = ct.convert(
+        traced, inputs=inputs,
+        outputs=[ct.TensorType("start_logits", dtype=np.float32), ct.TensorType("end_logits", dtype=np.float32)],
+        convert_to="mlprogram", minimum_deployment_target=getattr(ct.target, cfg.minimum_deployment_target),
+        compute_precision=ct.precision.FLOAT16,
+    )
+    mlmodel.short_description = "Extractive question answering: start and end logits per token."
+    mlmodel.save(str(out_path))
+
+
+def read_package(path: Path) -> dict:
+    """What an app developer needs to know about a package, read from its spec (works on Linux)."""
+    import coremltools as ct
+
+    spec = ct.models.MLModel(str(path), skip_model_load=True).get_spec()
+    function = spec.mlProgram.functions["main"]
+    operations = function.block_specializations[function.opset].operations
+    ops: dict[str, int] = {}
+    for operation in operations:
+        ops[operation.type] = ops.get(operation.type, 0) + 1
+
+    def describe(feature) -> dict:
+        array = feature.type.multiArrayType
+        dtype = {65568: "float32", 65552: "float16", 131104: "int32"}.get(array.dataType, str(array.dataType))
+        shapes = [list(shape.shape) for shape in array.enumeratedShapes.shapes]
+        return {"name": feature.name, "dtype": dtype, "enumerated_shapes": shapes}
+
+    return {
+        "inputs": [describe(feature) for feature in spec.description.input],
+        "outputs": [describe(feature) for feature in spec.description.output],
+        "specification_version": spec.specificationVersion,
+        "deployment_target": SPEC_VERSION_TARGET.get(spec.specificationVersion, f"spec {spec.specificationVersion}"),
+        "compressed_weight_ops": {op: n for op, n in ops.items() if op.startswith("constexpr_")},
+        "weights_bytes": directory_size_bytes(path / "Data" / "com.apple.CoreML" / "weights"),
+    }
+
+
+def check_package(info: dict, variant: str, cfg: CoreMLConfig, n_weight_matrices: int, where: str) -> None:
+    """The package has the interface and weight storage it was built for; raise GateError otherwise."""
+    expected_inputs = ["input_ids", "attention_mask"] if cfg.minimum_deployment_target == "iOS18" else ["input_ids"]
+    lengths = sorted(cfg.sequence_lengths)
+    problems = []
+    if [i["name"] for i in info["inputs"]] != expected_inputs:
+        problems.append(f"inputs {[i['name'] for i in info['inputs']]}, expected {expected_inputs}")
+    for model_input in info["inputs"]:
+        if model_input["dtype"] != "int32" or sorted(s[1] for s in model_input["enumerated_shapes"]) != lengths:
+            problems.append(f"input {model_input['name']}: {model_input['dtype']} {model_input['enumerated_shapes']}")
+    if [(o["name"], o["dtype"]) for o in info["outputs"]] != [("start_logits", "float32"), ("end_logits", "float32")]:
+        problems.append(f"outputs {info['outputs']}")
+    if info["deployment_target"] != cfg.minimum_deployment_target:
+        problems.append(f"deployment target {info['deployment_target']}")
+    if variant in COMPRESSED_WEIGHT_OPS:
+        compressed = sum(info["compressed_weight_ops"].get(op, 0) for op in COMPRESSED_WEIGHT_OPS[variant])
+        if compressed < n_weight_matrices:
+            problems.append(f"{compressed} compressed weight tensors, expected at least {n_weight_matrices} "
+                            f"({' / '.join(COMPRESSED_WEIGHT_OPS[variant])})")
+    if problems:
+        raise GateError(f"{where}: the package is not what was asked for: " + "; ".join(problems))
+
+
+@torch.no_grad()
+def proxy_predictions(wrapped: torch.nn.Module, dev, features, cfg: PipelineConfig) -> dict[str, str]:
+    """Dev answers of the PyTorch-side proxy, computed in float16 like the package, on dev's windows `features`
+    (qa.validation_windows)."""
+    model = wrapped.half()
+    ids = np.asarray(features.with_format("numpy")["input_ids"])
+    mask = np.asarray(features.with_format("numpy")["attention_mask"])
+    starts = np.full(ids.shape, -1e4, dtype=np.float32)
+    ends = np.full(ids.shape, -1e4, dtype=np.float32)
+    batch_size = cfg.squad.eval_batch_size
+    for begin in range(0, len(ids), batch_size):
+        rows = slice(begin, begin + batch_size)
+        length = int(mask[rows].sum(axis=1).max())
+        input_ids = torch.from_numpy(ids[rows, :length]).to(torch.int32)
+        attention_mask = torch.from_numpy(mask[rows, :length]).to(torch.int32)
+        start, end = model(input_ids, attention_mask) if model.mask_input else model(input_ids)
+        starts[rows, :length], ends[rows, :length] = start.float().numpy(), end.float().numpy()
+    model.float()
+    return squad.postprocess_predictions(dev, features, starts, ends, n_best_size=cfg.squad.n_best_size,
+                                         max_answer_length=cfg.squad.max_answer_length)
+
+
+def check_lengths(cfg: CoreMLConfig, max_positions: int, where: str) -> None:
+    too_long = [length for length in cfg.sequence_lengths if length > max_positions]
+    if too_long:
+        raise ConfigError(f"export.coreml.sequence_lengths: {too_long} exceed {where}'s max_position_embeddings "
+                          f"{max_positions}")
+
+
+def weight_matrix_count(model: torch.nn.Module, variant: str, cfg: CoreMLConfig) -> int:
+    """How many weight tensors the variant compresses (Linear layers, and Embedding tables unless left out)."""
+    with_embeddings = variant == "int8" or cfg.palettize_embeddings
+    kinds = (torch.nn.Linear, torch.nn.Embedding) if with_embeddings else (torch.nn.Linear,)
+    return sum(isinstance(module, kinds) for module in model.modules())

@@ -1,0 +1,74 @@
+"""Full-size architectures (DistilBERT-base, BERT-base) for sizes and latency: the model (random weights unless
+named), random token windows for parity and calibration, and their CoreML packages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+from pipeline import onnx_qa, qa
+from pipeline.artifacts import directory_size_bytes, megabytes
+from pipeline.config import PipelineConfig
+from pipeline.export import coreml
+
+PARITY_WINDOWS, PARITY_LENGTH = 4, 128
+ARCHITECTURES = ("distilbert", "bert-base")
+
+
+def save_full_size(architecture: str, out_dir: Path, pretrained: str | None, seed: int) -> int:
+    """The full-size QA model as a save_pretrained folder; returns its parameter count."""
+    import torch
+    from transformers import (BertConfig, BertForQuestionAnswering, DistilBertConfig,
+                              DistilBertForQuestionAnswering)
+
+    model_class, config_class = {"distilbert": (DistilBertForQuestionAnswering, DistilBertConfig),
+                                 "bert-base": (BertForQuestionAnswering, BertConfig)}[architecture]
+    if pretrained:
+        model = model_class.from_pretrained(pretrained)
+    else:
+        torch.manual_seed(seed)
+        model = model_class(config_class())  # the defaults are the base sizes: 768 wide, 30522 tokens, 512 positions
+    model.save_pretrained(out_dir, safe_serialization=True)
+    return model.num_parameters()
+
+
+def random_windows(vocab_size: int, seed: int, count: int = PARITY_WINDOWS) -> onnx_qa.Windows:
+    rng = np.random.default_rng(seed)
+    input_ids = rng.integers(5, vocab_size, size=(count, PARITY_LENGTH)).astype(np.int64)
+    attention_mask = np.ones_like(input_ids)
+    attention_mask[1::2, PARITY_LENGTH // 2:] = 0  # half the windows padded, as real batches are
+    return onnx_qa.Windows([str(i) for i in range(count)], input_ids, attention_mask,  # one segment
+                          np.zeros_like(input_ids), [[None] * PARITY_LENGTH] * count)
+
+
+def torch_logits(model_dir: Path, windows: onnx_qa.Windows) -> tuple[np.ndarray, np.ndarray]:
+    import torch
+    from transformers import AutoModelForQuestionAnswering
+
+    model = AutoModelForQuestionAnswering.from_pretrained(model_dir).eval()
+    with torch.no_grad():
+        inputs = {"input_ids": torch.from_numpy(windows.input_ids),
+                  "attention_mask": torch.from_numpy(windows.attention_mask)}
+        output = model(**qa.model_inputs(inputs | {"token_type_ids": torch.from_numpy(windows.token_type_ids)}, model))
+    return output.start_logits.numpy(), output.end_logits.numpy()
+
+
+def export_coreml_packages(pytorch_dir: Path, coreml_dir: Path, cfg: PipelineConfig, out_dir: Path) -> dict:
+    # The size goal counts every weight, so the full-size export palettizes the embedding tables too.
+    coreml_cfg = dataclasses.replace(cfg.export.coreml, palettize_embeddings=True,
+                                     sequence_lengths=cfg.export.full_size.coreml_sequence_lengths)
+    coreml_dir.mkdir()
+    packages = {}
+    for variant in coreml_cfg.variants:
+        wrapped = coreml.load_wrapped(pytorch_dir, coreml_cfg.minimum_deployment_target == "iOS18")
+        path = coreml_dir / f"{variant}.mlpackage"
+        coreml.convert(coreml.compress(wrapped, variant, coreml_cfg), coreml_cfg, path)
+        info = coreml.read_package(path)
+        coreml.check_package(info, variant, coreml_cfg,
+                                    coreml.weight_matrix_count(wrapped.model, variant, coreml_cfg),
+                                    f"{out_dir}/coreml/{path.name}")
+        packages[variant] = {"path": f"coreml/{path.name}", "size_mb": megabytes(directory_size_bytes(path)), **info}
+    return packages

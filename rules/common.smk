@@ -1,0 +1,117 @@
+# Helpers of every rule file: the typed config, paths, resources, and the one shell pattern of a stage rule.
+import json
+import shlex
+import sys
+
+from pipeline.artifacts import EXPORTED_MODELS
+from pipeline.code_inputs import command_code_files
+from pipeline.config import PipelineConfig, from_dict, to_dict
+from pipeline.data import check_local_files, local_data_files
+
+CFG = from_dict(PipelineConfig, config)  # cross-field checks the schema cannot express
+FULL = to_dict(CFG)
+ROOT = CFG.output_root
+PYTHON = sys.executable  # the interpreter running snakemake, i.e. the project's environment
+TEACHER_FROM_SCRATCH = CFG.teacher.pretrained is None  # then rule teacher_pretrain trains the MLM teacher
+# The MLM teacher that init_student copies from and distill_pretrain learns from: a directory or a hub name.
+MLM_TEACHER = f"{ROOT}/teacher_pretrain" if TEACHER_FROM_SCRATCH else CFG.teacher.pretrained
+# TinyBERT's task-stage augmentation asks the MLM teacher for replacement words.
+AUGMENT = CFG.distill_squad.augmentation.copies > 0
+MLM_TEACHER_ARG = f"--mlm-teacher-dir {shlex.quote(str(MLM_TEACHER))}" if AUGMENT else ""
+# Pretraining-distillation variants: the configured student, and the random-init ablation with the same budget
+# (evidence, built by target `study`).
+STUDENT_VARIANTS = ["main"] + (["random_init_ablation"] if CFG.distill_pretrain.run_random_init_ablation else [])
+
+# Every local file or folder the config names must exist, whatever outputs already do: a missing one stops the
+# run here with its key (Snakemake would otherwise keep going on an old build without a word).
+check_local_files(CFG)
+# Local SQuAD and corpus files are inputs: editing one reruns what depends on it.
+DATA_FILES = local_data_files(CFG.data.squad, CFG.data.squad_dev, CFG.data.corpus)
+# A local corpus file is read where it is by tokenizer and tokenize_corpus: an edit reruns them.
+CORPUS_FILES = [f for f in DATA_FILES if f == CFG.data.corpus]
+
+TRAIN_RESOURCES = {"mem_mb": CFG.compute.training_mem_mb, "gpu": CFG.compute.gpus}
+LIGHT_RESOURCES = {"mem_mb": CFG.compute.light_mem_mb, "gpu": 0}
+DATA_RESOURCES = {"mem_mb": CFG.compute.data_mem_mb, "gpu": 0}
+EXPORT_RESOURCES = {"mem_mb": CFG.compute.export_mem_mb, "gpu": 0}
+# Rules that can run side by side (the two distill_pretrain variants; student_finetune and distill_squad)
+# take half the cores each: small models use two threads poorly, so on a 2-core machine two 1-thread jobs
+# finish in about 60 % of the time of one 2-thread job after the other.
+PAIRED_THREADS = max(1, workflow.cores // 2)
+EXPORT_SECTIONS = ("seed", "squad", "export")
+# Priorities: the chain to distill_squad is the critical path; the rest fills idle cores, the full-size exports
+# (which need nothing from training) last, so they do not hold a core a teacher rule that takes every core needs.
+CRITICAL, BASELINE, FILLER = 3, 2, 0
+
+
+def training_threads(train_cfg, default):
+    """Cores a training rule asks for: its configured torch threads (cpu_threads) per process when set, so the
+    trained weights do not depend on --cores (float sums differ with the thread count); `default` otherwise."""
+    if train_cfg.cpu_threads:
+        return train_cfg.cpu_threads * CFG.compute.processes
+    return default
+
+
+def check_layer_mappings():
+    """A from-scratch teacher's depth is known now: a layer mapping outside it stops the run before any job."""
+    if not TEACHER_FROM_SCRATCH:
+        return  # a hub teacher's depth is known once it is loaded; init_student and distill_squad check it then
+    from pipeline.students import teacher_layers_for_student
+
+    n_teacher = CFG.teacher.architecture.num_layers
+    n_student = CFG.student.n_layers or max(1, n_teacher // 2)
+    teacher_layers_for_student(CFG.student.layer_mapping, n_teacher, n_student, key="student.layer_mapping")
+    if "tinybert" in CFG.distill_squad.objectives:
+        teacher_layers_for_student(CFG.distill_squad.tinybert.layer_mapping, n_teacher, n_student,
+                                   key="distill_squad.tinybert.layer_mapping")
+
+
+check_layer_mappings()
+
+
+def stage_config(*sections):
+    """The config sections a stage reads, as JSON: editing another section does not rerun it."""
+    return json.dumps({name: FULL[name] for name in sections}, sort_keys=True)
+
+
+def training_config(*sections):
+    """stage_config plus the launch settings that change what training computes (not memory requests)."""
+    chosen = {name: FULL[name] for name in sections}
+    chosen["compute"] = {key: FULL["compute"][key] for key in ("processes", "mixed_precision")}
+    return json.dumps(chosen, sort_keys=True)
+
+
+def code(command, *extra):
+    """The files `python -m pipeline <command>` runs (its import closure within pipeline/), and `extra` paths,
+    as inputs: editing any of them reruns the rule."""
+    return command_code_files(command) + list(extra)
+
+
+def stage_shell(command, arguments, training=False, threads_variable=None):
+    """The shell command of a stage rule: `python -m pipeline <command> --config-json {params.cfg:q} <arguments>`,
+    its output to the rule's log. training=True launches it as compute.processes processes (torchrun, PyTorch DDP)
+    with the precision as accelerate's ACCELERATE_MIXED_PRECISION and OMP_NUM_THREADS the rule's threads per
+    process; threads_variable (OMP_NUM_THREADS, RAYON_NUM_THREADS) is set to the rule's threads. Threads are
+    formatted by Snakemake when the job runs, so --cores never changes a rule's inputs or params."""
+    processes = CFG.compute.processes if training else 1
+    env = []
+    if training:
+        env.append(f"ACCELERATE_MIXED_PRECISION={shlex.quote(CFG.compute.mixed_precision)}")
+        threads_variable = "OMP_NUM_THREADS"
+    if threads_variable:
+        per_process = "{threads}" if processes == 1 else f"$(( ({{threads}} + {processes - 1}) / {processes} ))"
+        env.append(f"{threads_variable}={per_process}")
+    python = shlex.quote(PYTHON)
+    if processes > 1:
+        start = f"{python} -m torch.distributed.run --standalone --nproc_per_node={processes} -m pipeline {command}"
+    else:
+        start = f"{python} -m pipeline {command}"
+    return " ".join(env + [start, "--config-json {params.cfg:q}", arguments, "> {log:q} 2>&1"])
+
+
+def log_file(job):
+    return f"{ROOT}/logs/{job}.log"
+
+
+def benchmark_file(job):
+    return f"{ROOT}/benchmarks/{job}.tsv"

@@ -1,0 +1,106 @@
+# Distillation: the student initialised from every other teacher layer, distilled during MLM pretraining (triple
+# loss), then on SQuAD (distill_squad), beside the CE-only baseline from the same student (student_finetune).
+
+
+rule init_student:
+    input:
+        teacher=[MLM_TEACHER] if TEACHER_FROM_SCRATCH else [],
+        tokenizer=rules.tokenizer.output[0],
+        code=code("init-student"),
+    output:
+        directory(f"{ROOT}/student_init/{{variant}}"),
+    wildcard_constraints:
+        variant="main|random_init_ablation",
+    params:
+        cfg=stage_config("seed", "student"),
+        teacher=MLM_TEACHER,
+        init=lambda wildcards: "random" if wildcards.variant == "random_init_ablation" else CFG.student.init,
+    log:
+        log_file("init_student_{variant}"),
+    benchmark:
+        benchmark_file("init_student_{variant}")
+    # the main student is on the critical path; the random-init ablation waits for idle cores
+    priority: lambda wildcards: CRITICAL if wildcards.variant == "main" else 1
+    threads: 1
+    resources:
+        **LIGHT_RESOURCES,
+    shell:
+        stage_shell("init-student", "--teacher {params.teacher:q} --tokenizer-dir {input.tokenizer:q}"
+                    " --init {params.init:q} --out-dir {output:q}")
+
+
+rule distill_pretrain:
+    input:
+        student=f"{ROOT}/student_init/{{variant}}",
+        teacher=[MLM_TEACHER] if TEACHER_FROM_SCRATCH else [],
+        corpus=rules.tokenize_corpus.output[0],
+        code=code("distill-pretrain"),
+    output:
+        directory(f"{ROOT}/distill_pretrain/{{variant}}"),
+    wildcard_constraints:
+        variant="main|random_init_ablation",
+    params:
+        cfg=training_config("seed", "distill_pretrain"),
+        teacher=MLM_TEACHER,
+        work=lambda wildcards: f"{ROOT}/work/distill_pretrain_{wildcards.variant}",
+    log:
+        log_file("distill_pretrain_{variant}"),
+    benchmark:
+        benchmark_file("distill_pretrain_{variant}")
+    priority: lambda wildcards: CRITICAL if wildcards.variant == "main" else 1
+    threads: training_threads(CFG.distill_pretrain.train, PAIRED_THREADS)
+    resources:
+        **TRAIN_RESOURCES,
+    shell:
+        stage_shell("distill-pretrain", "--student-dir {input.student:q} --teacher {params.teacher:q}"
+                    " --corpus-dir {input.corpus:q} --out-dir {output:q} --work-dir {params.work:q}", training=True)
+
+
+rule distill_squad:
+    input:
+        student=f"{ROOT}/distill_pretrain/main",
+        teacher=rules.teacher_finetune.output[0],
+        mlm_teacher=[MLM_TEACHER] if AUGMENT and TEACHER_FROM_SCRATCH else [],
+        data=rules.prepare_data.output[0],
+        code=code("distill-squad"),
+    output:
+        directory(f"{ROOT}/distill_squad"),
+    params:
+        cfg=training_config("seed", "squad", "distill_squad"),
+        mlm_teacher=MLM_TEACHER_ARG,
+        work=f"{ROOT}/work/distill_squad",
+    log:
+        log_file("distill_squad"),
+    benchmark:
+        benchmark_file("distill_squad")
+    priority: CRITICAL
+    threads: training_threads(CFG.distill_squad.train, PAIRED_THREADS)
+    resources:
+        **TRAIN_RESOURCES,
+    shell:
+        stage_shell("distill-squad", "--student-dir {input.student:q} --teacher-dir {input.teacher:q}"
+                    " {params.mlm_teacher} --data-dir {input.data:q} --out-dir {output:q} --work-dir {params.work:q}",
+                    training=True)
+
+
+rule student_finetune:
+    input:
+        student=f"{ROOT}/distill_pretrain/main",
+        data=rules.prepare_data.output[0],
+        code=code("distill-squad"),
+    output:
+        directory(f"{ROOT}/student_finetune"),
+    params:
+        cfg=training_config("seed", "squad", "distill_squad"),
+        work=f"{ROOT}/work/student_finetune",
+    log:
+        log_file("student_finetune"),
+    benchmark:
+        benchmark_file("student_finetune")
+    priority: BASELINE  # the CE-only baseline: off the critical path, ahead of the exports
+    threads: training_threads(CFG.distill_squad.train, PAIRED_THREADS)
+    resources:
+        **TRAIN_RESOURCES,
+    shell:
+        stage_shell("distill-squad", "--ce-only --student-dir {input.student:q} --data-dir {input.data:q}"
+                    " --out-dir {output:q} --work-dir {params.work:q}", training=True)

@@ -1,0 +1,120 @@
+# Export: each trained model to ONNX (fp32 and fused), its int8 and 4-bit graphs, CoreML packages; the full-size
+# architectures through the same path (sizes and latency); the app bundle of the distilled student.
+
+
+rule export_onnx:
+    input:
+        model=lambda wildcards: f"{ROOT}/{EXPORTED_MODELS[wildcards.model]}",
+        data=rules.prepare_data.output[0],
+        code=code("export-onnx"),
+    output:
+        directory(f"{ROOT}/onnx/{{model}}"),
+    wildcard_constraints:
+        model="|".join(EXPORTED_MODELS),
+    params:
+        cfg=stage_config(*EXPORT_SECTIONS),
+    log:
+        log_file("export_onnx_{model}"),
+    benchmark:
+        benchmark_file("export_onnx_{model}")
+    threads: 1
+    resources:
+        **EXPORT_RESOURCES,
+    shell:
+        stage_shell("export-onnx", "--model-dir {input.model:q} --data-dir {input.data:q} --out-dir {output:q}",
+                    threads_variable="OMP_NUM_THREADS")
+
+
+# Times its int8 variants to pick the bundle's: it takes every core, so nothing runs beside the timed runs.
+rule quantize_onnx:
+    input:
+        onnx=f"{ROOT}/onnx/{{model}}",
+        model=lambda wildcards: f"{ROOT}/{EXPORTED_MODELS[wildcards.model]}",
+        data=rules.prepare_data.output[0],
+        code=code("quantize-onnx"),
+    output:
+        directory(f"{ROOT}/quantized/{{model}}"),
+    wildcard_constraints:
+        model="|".join(EXPORTED_MODELS),
+    params:
+        cfg=stage_config(*EXPORT_SECTIONS),
+    log:
+        log_file("quantize_onnx_{model}"),
+    benchmark:
+        benchmark_file("quantize_onnx_{model}")
+    threads: workflow.cores
+    resources:
+        **EXPORT_RESOURCES,
+    shell:
+        stage_shell("quantize-onnx", "--onnx-dir {input.onnx:q} --model-dir {input.model:q} --data-dir {input.data:q}"
+                    " --out-dir {output:q} --threads {threads}", threads_variable="OMP_NUM_THREADS")
+
+
+rule export_coreml:
+    input:
+        model=lambda wildcards: f"{ROOT}/{EXPORTED_MODELS[wildcards.model]}",
+        data=rules.prepare_data.output[0],
+        code=code("export-coreml"),
+    output:
+        directory(f"{ROOT}/coreml/{{model}}"),
+    wildcard_constraints:
+        model="|".join(EXPORTED_MODELS),
+    params:
+        cfg=stage_config(*EXPORT_SECTIONS),
+    log:
+        log_file("export_coreml_{model}"),
+    benchmark:
+        benchmark_file("export_coreml_{model}")
+    threads: 1
+    resources:
+        **EXPORT_RESOURCES,
+    shell:
+        stage_shell("export-coreml", "--model-dir {input.model:q} --data-dir {input.data:q} --out-dir {output:q}",
+                    threads_variable="OMP_NUM_THREADS")
+
+
+# The full-size architectures need nothing from training (random weights): they fill idle cores, last.
+rule export_full_size:
+    input:
+        code=code("export-full-size"),
+    output:
+        directory(f"{ROOT}/full_size/{{architecture}}"),
+    wildcard_constraints:
+        architecture="distilbert|bert-base",
+    params:
+        cfg=stage_config(*EXPORT_SECTIONS),
+    log:
+        log_file("export_full_size_{architecture}"),
+    benchmark:
+        benchmark_file("export_full_size_{architecture}")
+    priority: FILLER
+    threads: 1
+    resources:
+        **EXPORT_RESOURCES,
+    shell:
+        stage_shell("export-full-size", "--architecture {wildcards.architecture:q} --out-dir {output:q}",
+                    threads_variable="OMP_NUM_THREADS")
+
+
+rule bundle:
+    input:
+        quantized=f"{ROOT}/quantized/student",
+        coreml=f"{ROOT}/coreml/student",
+        model=f"{ROOT}/{EXPORTED_MODELS['student']}",
+        data=rules.prepare_data.output[0],
+        code=code("bundle"),
+    output:
+        directory(f"{ROOT}/bundle"),
+    params:
+        cfg=stage_config(*EXPORT_SECTIONS),
+    log:
+        log_file("bundle"),
+    benchmark:
+        benchmark_file("bundle")
+    threads: 1
+    resources:
+        **LIGHT_RESOURCES,
+    shell:
+        stage_shell("bundle", "--quantized-dir {input.quantized:q} --coreml-dir {input.coreml:q}"
+                    " --model-dir {input.model:q} --data-dir {input.data:q} --out-dir {output:q}",
+                    threads_variable="OMP_NUM_THREADS")

@@ -1,0 +1,83 @@
+# Measurement: every artifact timed and sized on this machine (Python, and JavaScript in Node and Chromium), and
+# the report with its goals.
+
+
+# Times every artifact: it takes every core, so nothing runs beside the timed runs.
+rule benchmark:
+    input:
+        exports=expand(f"{ROOT}/{{kind}}/{{model}}", kind=["onnx", "quantized", "coreml"], model=list(EXPORTED_MODELS)),
+        full_size=expand(f"{ROOT}/full_size/{{architecture}}", architecture=CFG.export.full_size.architectures),
+        bundle=rules.bundle.output[0],
+        code=code("benchmark"),
+    output:
+        directory(f"{ROOT}/benchmark"),
+    params:
+        cfg=stage_config("seed", "squad", "export", "benchmark"),
+        root=ROOT,
+    log:
+        log_file("benchmark"),
+    benchmark:
+        benchmark_file("benchmark")
+    threads: workflow.cores
+    resources:
+        **EXPORT_RESOURCES,
+    shell:
+        stage_shell("benchmark", "--root {params.root:q} --out-dir {output:q}")
+
+
+rule benchmark_web:
+    input:
+        bundle=rules.bundle.output[0],
+        after_benchmark=rules.benchmark.output[0],  # never timed beside it; it names the searched int8 graph
+        code=code("benchmark-web", str(Path(workflow.basedir) / "clients" / "web" / "package-lock.json")),
+    output:
+        f"{ROOT}/benchmark_web/benchmark_web.json",
+    params:
+        cfg=stage_config("benchmark"),
+        root=ROOT,
+    log:
+        log_file("benchmark_web"),
+    benchmark:
+        benchmark_file("benchmark_web")
+    threads: workflow.cores
+    resources:
+        **LIGHT_RESOURCES,
+    shell:
+        stage_shell("benchmark-web", "--root {params.root:q} --out {output:q}")
+
+
+def caption(name):
+    """A report entry's caption (report/<name>.rst), by absolute path: this file is not beside the Snakefile."""
+    return str(Path(workflow.basedir) / "report" / f"{name}.rst")
+
+
+WEB_BENCHMARK = rules.benchmark_web.output[0] if CFG.benchmark.javascript else []
+
+
+rule report:
+    input:
+        benchmark=rules.benchmark.output[0],
+        web=WEB_BENCHMARK,
+        schema=str(Path(workflow.basedir) / "configs" / "summary.schema.json"),
+        code=code("report"),
+    output:
+        summary=report(f"{ROOT}/report/summary.json", category="Summary", caption=caption("summary")),
+        markdown=f"{ROOT}/report/report.md",
+        f1_vs_size=report(f"{ROOT}/report/f1_vs_size.png", category="Accuracy", caption=caption("f1_vs_size")),
+        f1_vs_latency=report(f"{ROOT}/report/f1_vs_latency.png", category="Accuracy", caption=caption("f1_vs_latency")),
+        loss_curves=report(f"{ROOT}/report/loss_curves.png", category="Training", caption=caption("loss_curves")),
+    params:
+        cfg=stage_config("squad", "export", "benchmark"),
+        root=ROOT,
+        out_dir=f"{ROOT}/report",
+        web=lambda wildcards, input: f"--web-benchmark {shlex.quote(str(input.web))}" if input.web else "",
+    log:
+        log_file("report"),
+    benchmark:
+        benchmark_file("report")
+    threads: 1
+    resources:
+        **LIGHT_RESOURCES,
+    shell:
+        stage_shell("report", "--root {params.root:q} --benchmark {input.benchmark:q}/benchmark.json {params.web}"
+                    " --out-dir {params.out_dir:q}")

@@ -1,0 +1,104 @@
+"""pipeline/code_inputs.py and the rules' code inputs: each rule lists exactly its stage's import closure (so an
+edit to any module it reaches reruns it), and no stage module imports another stage."""
+
+import functools
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from pipeline import code_inputs
+from pipeline.__main__ import COMMANDS
+from tests.conftest import PROJECT_ROOT
+
+PACKAGE = PROJECT_ROOT / "pipeline"
+
+
+def write_package(root: Path, files: dict[str, str]) -> Path:
+    package = root / "pipeline"
+    for name, text in files.items():
+        path = package / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    return package
+
+
+def test_the_closure_follows_imports_at_any_depth_and_runs_parent_packages(tmp_path, monkeypatch):
+    package = write_package(tmp_path, {
+        "__init__.py": "",
+        "a.py": "import json\nfrom pipeline import b\n",
+        "b.py": "def f():\n    from pipeline.sub.c import g  # inside a function\n    return g\n",
+        "sub/__init__.py": "",
+        "sub/c.py": "from pipeline.sub import d\n",
+        "sub/d.py": "",
+        "unrelated.py": "",
+    })
+    monkeypatch.setattr(code_inputs, "PACKAGE_DIR", package)
+    closure = [path.relative_to(package).as_posix() for path in code_inputs.import_closure("pipeline.a")]
+    assert closure == ["__init__.py", "a.py", "b.py", "sub/__init__.py", "sub/c.py", "sub/d.py"]
+
+
+def test_a_relative_import_is_refused_by_file_and_line(tmp_path, monkeypatch):
+    package = write_package(tmp_path, {"__init__.py": "", "a.py": "\nfrom . import b\n", "b.py": ""})
+    monkeypatch.setattr(code_inputs, "PACKAGE_DIR", package)
+    with pytest.raises(ValueError, match=r"a\.py:2: relative import"):
+        code_inputs.import_closure("pipeline.a")
+
+
+def test_the_teacher_stage_reaches_the_modules_its_imports_reach():
+    files = {Path(path).relative_to(PACKAGE).as_posix() for path in code_inputs.command_code_files("teacher-finetune")}
+    assert {"stages/teacher.py", "train.py", "students.py", "losses.py", "errors.py", "__main__.py"} <= files
+    assert "stages/distill_squad.py" not in files and "onnx_qa.py" not in files
+
+
+def workflow_rules() -> dict:
+    """Each rule of the default DAG and the study: its shell command and its `code` inputs, as Snakemake parsed
+    them (the Snakemake API, no job runs)."""
+    from snakemake.api import SnakemakeApi
+    from snakemake.settings.types import ConfigSettings, OutputSettings, ResourceSettings
+
+    with SnakemakeApi(OutputSettings()) as api:
+        workflow = api.workflow(resource_settings=ResourceSettings(cores=2),
+                                config_settings=ConfigSettings(config={"output_root": "/nonexistent/out"}),
+                                snakefile=PROJECT_ROOT / "Snakefile", workdir=PROJECT_ROOT)._workflow
+        return {rule.name: (rule.shellcmd or "", list(rule.input.get("code", []))) for rule in workflow.rules}
+
+
+@functools.lru_cache(maxsize=None)
+def runtime_imports(module: str) -> frozenset[str]:
+    """The package's files that importing `module` loads, seen by Python itself (module-level imports only)."""
+    script = (f"import importlib, json, sys; importlib.import_module({module!r}); "
+              "print(json.dumps([m.__file__ for m in list(sys.modules.values()) if getattr(m, '__file__', None)]))")
+    completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                               cwd=PROJECT_ROOT)
+    return frozenset(str(Path(path).resolve()) for path in json.loads(completed.stdout)
+                     if Path(path).resolve().is_relative_to(PACKAGE))
+
+
+def test_every_stage_rule_lists_exactly_its_import_closure():
+    rules = workflow_rules()
+    stage_rules = {name: rule for name, rule in rules.items() if " -m pipeline " in rule[0]}
+    assert {"prepare_data", "teacher_finetune", "student_finetune", "benchmark", "study_run"} <= stage_rules.keys()
+    for name, (shell, code) in stage_rules.items():
+        command = shell.split(" -m pipeline ", 1)[1].split()[0]
+        expected = set(code_inputs.command_code_files(command))
+        if name == "study_run":  # also the study stage, whose run_config writes the run's settings
+            expected |= set(code_inputs.command_code_files("study-summary"))
+        python_files = {path for path in code if path.endswith(".py")}
+        assert python_files == expected, name
+        # Python's own view agrees: every module the stage loads when imported is an input of its rule.
+        module = COMMANDS[command][0]
+        missing = runtime_imports(module) - {str(Path(path).resolve()) for path in python_files}
+        assert not missing, (name, missing)
+
+
+def test_no_stage_module_imports_another_stage():
+    stages = {path.stem for path in (PACKAGE / "stages").glob("*.py") if path.stem != "__init__"}
+    for path in (PACKAGE / "stages").glob("*.py"):
+        for module in code_inputs.imported_modules(path):
+            parts = module.split(".")
+            if parts[:2] == ["pipeline", "stages"] and len(parts) > 2 and parts[2] in stages:
+                assert parts[2] == path.stem, f"{path.name} imports the stage {module}"
