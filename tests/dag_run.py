@@ -1,7 +1,7 @@
 """The whole Snakemake DAG on configs/test.yaml, run once for the session the hard way: killed, then recovered.
 
 snakemake and its teacher_pretrain job are killed with SIGKILL (the process group, as when a node goes down) as
-soon as the job has written its first checkpoint; then the README's recovery commands, `--unlock` and
+soon as the job has written its first checkpoint; then the recovery commands of docs/scale.md, `--unlock` and
 `--rerun-incomplete`, finish the DAG. tests/test_resume_after_kill.py checks the recovery, tests/test_pipeline_dag.py
 what the finished DAG wrote: one run of the DAG serves both.
 """

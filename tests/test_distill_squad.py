@@ -183,6 +183,31 @@ def test_kd_term_is_invariant_to_teacher_logits_outside_cls_and_context(artifact
     assert not torch.allclose(loss(context)["kd"], kd, rtol=1e-4)
 
 
+@pytest.mark.parametrize("temperature", [1.0, 3.0])
+def test_the_training_loss_is_the_weighted_sum_of_the_tested_terms_at_the_configured_temperature(artifacts,
+                                                                                                temperature):
+    from pipeline import qa
+    from pipeline.losses import qa_distillation_loss, qa_task_loss
+
+    tokenizer, windows = tiny_windows(artifacts)
+    student, teacher = tiny_models(artifacts)
+    cfg = tiny_config(distill_squad={"objectives": ["distilbert"], "alpha_task": 0.3,
+                                     "distilbert": {"weight": 0.7, "temperature": temperature}}).distill_squad
+    loss = distill_squad.SquadDistillationLoss(student, teacher, cfg, {}, None, tokenizer.sep_token_id)
+    batch = qa.window_collate(windows)(list(range(len(windows["input_ids"]))))
+    terms = loss(batch)
+    with torch.no_grad():
+        student_out = student(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+        teacher_out = teacher(**qa.model_inputs(batch, teacher))
+    kd = qa_distillation_loss(student_out.start_logits, student_out.end_logits, teacher_out.start_logits,
+                              teacher_out.end_logits, distill_squad.kd_positions(batch, tokenizer.sep_token_id),
+                              temperature)
+    task = qa_task_loss(student_out.start_logits, student_out.end_logits, batch["start_positions"],
+                        batch["end_positions"])
+    assert torch.allclose(terms["kd"], kd, rtol=1e-5) and torch.allclose(terms["task"], task, rtol=1e-5)
+    assert torch.allclose(terms["loss"], 0.3 * task + 0.7 * kd, rtol=1e-5)
+
+
 def test_cached_teacher_logits_match_the_live_teacher_in_the_training_precision(artifacts):
     from pipeline import qa
 

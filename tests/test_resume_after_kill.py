@@ -1,4 +1,4 @@
-"""Snakemake and its training job killed with SIGKILL: the README's recovery commands finish the DAG, and the job
+"""Snakemake and its training job killed with SIGKILL: the recovery commands of docs/scale.md finish the DAG, and the job
 resumes from its last checkpoint and ends at the same step count.
 
 The killed and recovered run is the session's DAG run (tests/dag_run.py), whose outputs tests/test_pipeline_dag.py
