@@ -1,6 +1,8 @@
 """Stages benchmark and report: timing in a separate process, the GEMM floor graph, profiles, summary schema."""
 
 import json
+import subprocess
+import sys
 
 import onnx
 import pytest
@@ -126,3 +128,14 @@ def test_the_int8_search_times_only_recipes_that_passed_on_every_model(tiny_int8
     assert (search["choice"]["recipe"], search["choice"]["session_options"]) == (fastest["recipe"],
                                                                                fastest["session_options"])
     assert search["runner_up"]["recipe"] != search["choice"]["recipe"]
+
+
+def test_a_timing_process_starts_without_torch_or_the_export_libraries():
+    # Every timed artifact runs in a fresh process that imports the stage module: what it imports is start-up time
+    # charged to each of the benchmark's dozens of processes.
+    script = ("import sys, pipeline.stages.benchmark; "
+              "print(sorted(m for m in ('torch', 'coremltools', 'pipeline.export.int8') if m in sys.modules))")
+    completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                               cwd=PROJECT_ROOT)
+    assert completed.stdout.strip() == "[]"
+

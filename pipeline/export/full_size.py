@@ -12,7 +12,6 @@ import numpy as np
 from pipeline import onnx_qa, qa
 from pipeline.artifacts import directory_size_bytes, megabytes
 from pipeline.config import PipelineConfig
-from pipeline.export import coreml
 
 PARITY_WINDOWS, PARITY_LENGTH = 4, 128
 ARCHITECTURES = ("distilbert", "bert-base")
@@ -57,6 +56,9 @@ def torch_logits(model_dir: Path, windows: onnx_qa.Windows) -> tuple[np.ndarray,
 
 
 def export_coreml_packages(pytorch_dir: Path, coreml_dir: Path, cfg: PipelineConfig, out_dir: Path) -> dict:
+    # Imported here: the benchmark's timing processes import this module, and coreml imports torch.
+    from pipeline.export import coreml
+
     # The size goal counts every weight, so the full-size export palettizes the embedding tables too.
     coreml_cfg = dataclasses.replace(cfg.export.coreml, palettize_embeddings=True,
                                      sequence_lengths=cfg.export.full_size.coreml_sequence_lengths)

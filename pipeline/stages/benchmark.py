@@ -37,9 +37,10 @@ import numpy as np
 
 from pipeline.artifacts import EXPORTED_MODELS, atomic_output_dir, atomic_write_json, directory_size_bytes, megabytes, read_json, setup_logging
 from pipeline.config import BenchmarkConfig, PipelineConfig, config_from_json
-from pipeline.export import int8
-from pipeline.export.full_size import random_windows
 from pipeline.latency import cpu_description, onnx_session, synthetic_feed
+
+# The export libraries are imported where they are used: every timed artifact runs in a fresh process that imports
+# this module, and its start-up must not grow with them.
 
 logger = logging.getLogger(__name__)
 
@@ -278,6 +279,9 @@ def profile_ops(path: Path, sequence_length: int, vocab_size: int, runs: int, sc
 def build_bert_base_int8(root: Path, cfg: PipelineConfig, recipe_name: str, distilbert_recipes: dict,
                          out_dir: Path) -> Path:
     """bert-base's int8 graph with the recipe the DistilBERT search chose (the naive one is already built)."""
+    from pipeline.export import int8
+    from pipeline.export.full_size import random_windows
+
     onnx_dir = root / "full_size" / "bert-base" / "onnx"
     if recipe_name == int8.NAIVE:
         return onnx_dir / int8.NAIVE / "model.onnx"
@@ -330,6 +334,8 @@ def run(cfg: PipelineConfig, root: Path, out_dir: Path) -> dict:
         int8_search = None
         if with_search:
             logger.info("searching the full-size DistilBERT int8 recipes")
+            from pipeline.export import int8
+
             int8_search = int8.search_int8(root, cfg)
             items += optimized_int8_artifacts(root, cfg, int8_search, tmp)
         for item in items:
