@@ -148,7 +148,7 @@ def main() -> None:
         "teacher_parameters": teacher.num_parameters(),
         "student_parameters": student.num_parameters(),
         "last_loss_terms": {name: float(value) for name, value in terms.items()},
-        "reference": "Sanh et al. 2019 trained on 8 V100 GPUs for about 90 hours",
+        "paper": "Sanh et al. 2019 trained on 8 V100 GPUs for about 90 hours",
     }
     atomic_write_json(args.out, result)
     print(json.dumps(result, indent=2))

@@ -42,8 +42,6 @@ def squad_features() -> datasets.Features:
     """The hub "squad" dataset's schema, so local files and hub data give identical datasets."""
     import datasets
 
-    from pipeline.config import PipelineConfig
-
     return datasets.Features(
         {
             "id": datasets.Value("string"),
@@ -99,8 +97,6 @@ def load_squad(
     """Load answerable SQuAD examples from a .json/.jsonl file or a datasets hub name, validating every record."""
     import datasets
 
-    from pipeline.config import PipelineConfig
-
     if on_bad_example not in ON_BAD_EXAMPLE_CHOICES:
         raise ValueError(f"on_bad_example must be one of {ON_BAD_EXAMPLE_CHOICES}, got {on_bad_example!r}")
     path = Path(source)
@@ -126,8 +122,8 @@ def load_squad(
 def local_data_files(squad: str, squad_dev: str | None, corpus: str) -> list[str]:
     """The configured data sources that are local files (not 'synthetic', 'squad_contexts' or a hub name).
 
-    The Snakefile declares them as inputs of prepare_data: an edited file reruns what depends on it, and a
-    missing one is reported before any job starts."""
+    The Snakefile declares them as inputs of prepare_data, tokenizer and tokenize_corpus: an edited file reruns what
+    depends on it (check_local_files reports a missing one)."""
     def is_local(source: str | None) -> bool:
         if not source or source in ("synthetic", "squad_contexts"):
             return False

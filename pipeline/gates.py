@@ -51,27 +51,27 @@ def gate_questions(data_dir: Path, model_dir: Path, limit: int | None) -> GateQu
                          round(scores["exact_match"], 3), round(scores["f1"], 3))
 
 
-def answer_agreement(predictions: Mapping[str, str], reference: Mapping[str, str]) -> float:
-    """Fraction of the reference's questions answered with exactly the same text."""
-    if not reference:
-        raise ValueError("no reference answers to compare with")
-    same = sum(predictions.get(question_id) == answer for question_id, answer in reference.items())
-    return same / len(reference)
+def answer_agreement(predictions: Mapping[str, str], pytorch_predictions: Mapping[str, str]) -> float:
+    """Fraction of the questions PyTorch answered that `predictions` answer with exactly the same text."""
+    if not pytorch_predictions:
+        raise ValueError("no PyTorch answers to compare with")
+    same = sum(predictions.get(question_id) == answer for question_id, answer in pytorch_predictions.items())
+    return same / len(pytorch_predictions)
 
 
 def compressed_model_report(
     name: str,
     predictions: Mapping[str, str],
-    reference_predictions: Mapping[str, str],
+    pytorch_predictions: Mapping[str, str],
     gold_answers: Mapping[str, list[str]],
-    reference_f1: float,
+    pytorch_f1: float,
     min_answer_agreement: float,
     max_f1_drop: float,
 ) -> dict:
     """Scores of a compressed model against its fp32 original, with pass/fail of both gates (not raised here)."""
     scores = squad.squad_v1_scores(gold_answers, predictions)
-    agreement = answer_agreement(predictions, reference_predictions)
-    f1_drop = reference_f1 - scores["f1"]
+    agreement = answer_agreement(predictions, pytorch_predictions)
+    f1_drop = pytorch_f1 - scores["f1"]
     return {
         "name": name,
         "exact_match": round(scores["exact_match"], 3),

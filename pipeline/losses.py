@@ -72,6 +72,14 @@ def soft_cross_entropy(student_logits: Tensor, teacher_logits: Tensor, temperatu
     return -(teacher_probs * student_log_probs).sum(dim=-1).mean()
 
 
+def tinybert_prediction_loss(student_start: Tensor, student_end: Tensor, teacher_start: Tensor, teacher_end: Tensor,
+                             temperature: float = 1.0) -> Tensor:
+    """TinyBERT's prediction-layer step for span QA: the soft cross-entropy of the start and of the end logits,
+    averaged."""
+    return (soft_cross_entropy(student_start, teacher_start, temperature)
+            + soft_cross_entropy(student_end, teacher_end, temperature)) / 2
+
+
 def masked_lm_loss(student_logits_at_masked: Tensor, true_token_ids: Tensor) -> Tensor:
     """Masked-language-model loss: mean cross-entropy of ``[N, V]`` logits against ``[N]`` token ids."""
     if student_logits_at_masked.shape[0] == 0:

@@ -2,13 +2,13 @@
 
 The windowing and postprocessing follow transformers' examples/pytorch/question-answering (`run_qa.py`'s
 prepare_train_features / prepare_validation_features and `utils_qa.postprocess_qa_predictions` without a null
-answer), so models trained here score the same as with the reference scripts. The metric is the official SQuAD
+answer), so models trained here score the same as with those example scripts. The metric is the official SQuAD
 v1.1 evaluation script (evaluate-v1.1.py, Rajpurkar et al., 2016), including its quirks.
 
-Two deliberate differences from the reference, both at edges the reference gets wrong or leaves odd:
-  * an answer that starts in the last context token of a window is labelled with that token (the reference's
+Two deliberate differences from transformers' example, both at edges it gets wrong or leaves odd:
+  * an answer that starts in the last context token of a window is labelled with that token (the example's
     start scan runs past the context into [SEP]/padding there, see its "edge case" comment);
-  * an example with no valid candidate span is answered "" (the reference answers the literal string "empty").
+  * an example with no valid candidate span is answered "" (the example answers the literal string "empty").
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def prepare_train_features(
     """Batched `Dataset.map` function: examples → overlapping windows labelled with answer token positions.
 
     A window that does not fully contain the (first) gold answer is labelled with its CLS index for both start
-    and end, as in the reference. Use `remove_columns=dataset.column_names`: one example can give several windows.
+    and end, as in that example. Use `remove_columns=dataset.column_names`: one example can give several windows.
     """
     tokenized = _tokenize_windows(examples, tokenizer, max_seq_length, doc_stride)
     window_to_example = tokenized.pop("overflow_to_sample_mapping")
@@ -114,7 +114,7 @@ def _check_tokenizer(tokenizer) -> None:
 
 
 def _cls_index(input_ids: list[int], tokenizer) -> int:
-    """Where "no answer in this window" points: the CLS token, else BOS, else 0 (as in the reference)."""
+    """Where "no answer in this window" points: the CLS token, else BOS, else 0 (as in that example)."""
     for token_id in (tokenizer.cls_token_id, tokenizer.bos_token_id):
         if token_id is not None and token_id in input_ids:
             return input_ids.index(token_id)
@@ -183,7 +183,7 @@ def n_best_predictions(
                 n_best_size,
                 max_answer_length,
             )
-        # sorted() is stable, so ties keep window order, as in the reference.
+        # sorted() is stable, so ties keep window order, as in that example.
         best = sorted(candidates, key=lambda candidate: candidate["score"], reverse=True)[:n_best_size]
         n_best[example_id] = [_with_text(candidate, context) for candidate in best]
     return n_best
@@ -207,7 +207,7 @@ def _window_candidates(
 ) -> list[dict[str, Any]]:
     """The window's n_best_size best valid spans among its top-n start x top-n end context positions, best first.
 
-    The top n are taken among context tokens only. The reference takes them over every position, so the logits a
+    The top n are taken among context tokens only. That example takes them over every position, so the logits a
     model gives padding, [CLS] and the question can fill its top n (a briefly trained model can score padding
     above every context token), and then the answer depends on how much padding the window's batch had. Equal
     logits rank the later position first; equal scores keep the order of a start-major scan, so the overall

@@ -2,11 +2,13 @@
 import json
 import shlex
 import sys
+from pathlib import Path
 
 from pipeline.artifacts import EXPORTED_MODELS
 from pipeline.code_inputs import command_code_files
 from pipeline.config import PipelineConfig, from_dict, to_dict
 from pipeline.data import check_local_files, local_data_files
+from pipeline.stages import study as study_stage
 
 CFG = from_dict(PipelineConfig, config)  # cross-field checks the schema cannot express
 FULL = to_dict(CFG)
@@ -39,8 +41,8 @@ EXPORT_RESOURCES = {"mem_mb": CFG.compute.export_mem_mb, "gpu": 0}
 # finish in about 60 % of the time of one 2-thread job after the other.
 PAIRED_THREADS = max(1, workflow.cores // 2)
 EXPORT_SECTIONS = ("seed", "squad", "export")
-# Priorities: the chain to distill_squad is the critical path; the rest fills idle cores, the full-size exports
-# (which need nothing from training) last, so they do not hold a core a teacher rule that takes every core needs.
+# Priorities: the chain to distill_squad is the critical path, then the CE-only baseline; the export rules and the
+# full-size exports (which need nothing from training) keep Snakemake's default 0 and fill idle cores.
 CRITICAL, BASELINE, FILLER = 3, 2, 0
 
 
@@ -99,7 +101,9 @@ def stage_shell(command, arguments, training=False, threads_variable=None):
         env.append(f"ACCELERATE_MIXED_PRECISION={shlex.quote(CFG.compute.mixed_precision)}")
         threads_variable = "OMP_NUM_THREADS"
     if threads_variable:
-        per_process = "{threads}" if processes == 1 else f"$(( ({{threads}} + {processes - 1}) / {processes} ))"
+        # threads // processes, at least 1 (bash arithmetic: formatted when the job runs)
+        per_process = ("{threads}" if processes == 1
+                       else f"$(( {{threads}} / {processes} > 0 ? {{threads}} / {processes} : 1 ))")
         env.append(f"{threads_variable}={per_process}")
     python = shlex.quote(PYTHON)
     if processes > 1:
@@ -115,3 +119,22 @@ def log_file(job):
 
 def benchmark_file(job):
     return f"{ROOT}/benchmarks/{job}.tsv"
+
+
+def caption(name):
+    """A report entry's caption (report/<name>.rst), by absolute path: the rule files are not beside the Snakefile."""
+    return str(Path(workflow.basedir) / "report" / f"{name}.rst")
+
+
+# Target `study`: the runs (objective x seed) its rules build.
+STUDY_RUNS = study_stage.run_names(CFG.study.variants)
+for _run in STUDY_RUNS:  # a run config that does not validate stops here, before any job
+    from_dict(PipelineConfig, study_stage.run_config(FULL, _run, CFG.study.seeds[0]))
+
+
+def study_run_config(wildcards):
+    """The config sections a study run reads: its variant's distill_squad settings and seed."""
+    chosen = study_stage.run_config(FULL, wildcards.run, int(wildcards.seed))
+    sections = {name: chosen[name] for name in ("seed", "squad", "distill_squad")}
+    sections["compute"] = {key: chosen["compute"][key] for key in ("processes", "mixed_precision")}
+    return json.dumps(sections, sort_keys=True)

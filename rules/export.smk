@@ -73,7 +73,7 @@ rule export_coreml:
                     threads_variable="OMP_NUM_THREADS")
 
 
-# The full-size architectures need nothing from training (random weights): they fill idle cores, last.
+# The full-size architectures need nothing from training (random weights): they fill idle cores.
 rule export_full_size:
     input:
         code=code("export-full-size"),

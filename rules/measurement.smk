@@ -46,11 +46,6 @@ rule benchmark_web:
         stage_shell("benchmark-web", "--root {params.root:q} --out {output:q}")
 
 
-def caption(name):
-    """A report entry's caption (report/<name>.rst), by absolute path: this file is not beside the Snakefile."""
-    return str(Path(workflow.basedir) / "report" / f"{name}.rst")
-
-
 WEB_BENCHMARK = rules.benchmark_web.output[0] if CFG.benchmark.javascript else []
 
 

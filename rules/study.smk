@@ -1,18 +1,6 @@
 # Target `study` (not in `all`): the distillation evidence. distill_squad and its alternatives over several seeds,
 # from the same distilled student and teacher, and the summary with intervals; and the random-init ablation of
 # distill_pretrain (same budget, random student). Run: snakemake --cores 2 study
-from pipeline.stages import study as study_stage
-
-STUDY_RUNS = study_stage.run_names(CFG.study.variants)
-for _run in STUDY_RUNS:  # a run config that does not validate stops here, before any job
-    from_dict(PipelineConfig, study_stage.run_config(FULL, _run, CFG.study.seeds[0]))
-
-
-def study_run_config(wildcards):
-    chosen = study_stage.run_config(FULL, wildcards.run, int(wildcards.seed))
-    sections = {name: chosen[name] for name in ("seed", "squad", "distill_squad")}
-    sections["compute"] = {key: chosen["compute"][key] for key in ("processes", "mixed_precision")}
-    return json.dumps(sections, sort_keys=True)
 
 
 rule study:

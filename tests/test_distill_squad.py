@@ -208,6 +208,59 @@ def test_the_training_loss_is_the_weighted_sum_of_the_tested_terms_at_the_config
     assert torch.allclose(terms["loss"], 0.3 * task + 0.7 * kd, rtol=1e-5)
 
 
+TERM_WEIGHTS = {"task": 0.3, "kd": 0.7, "pkd": 5.0, "tb_attention": 0.5, "tb_hidden": 2.0, "tb_embedding": 3.0,
+                "tb_prediction": 0.25}
+
+
+@pytest.mark.parametrize("objectives", [["tinybert"], ["distilbert", "pkd"]])
+def test_the_training_loss_is_the_weighted_sum_of_each_tested_term(artifacts, objectives):
+    from pipeline import losses, qa
+
+    tokenizer, windows = tiny_windows(artifacts)
+    student, teacher = tiny_models(artifacts)
+    cfg = tiny_config(distill_squad={
+        "objectives": objectives, "alpha_task": TERM_WEIGHTS["task"],
+        "distilbert": {"weight": TERM_WEIGHTS["kd"], "temperature": 2.0}, "pkd": {"weight": TERM_WEIGHTS["pkd"]},
+        "tinybert": {"attention_weight": TERM_WEIGHTS["tb_attention"], "hidden_weight": TERM_WEIGHTS["tb_hidden"],
+                     "embedding_weight": TERM_WEIGHTS["tb_embedding"],
+                     "prediction_weight": TERM_WEIGHTS["tb_prediction"], "temperature": 3.0},
+    }).distill_squad
+    plan = distill_squad.distillation_plan(cfg, student.config, teacher.config)
+    loss = distill_squad.SquadDistillationLoss(student, teacher, cfg, plan, None, tokenizer.sep_token_id)
+    batch = qa.window_collate(windows)(list(range(len(windows["input_ids"]))))
+    terms = loss(batch)
+
+    # Each term again, straight from the tested functions of pipeline/losses.py.
+    mask = batch["attention_mask"]
+    with torch.no_grad(), losses.AttentionScoreRecorder(student) as student_scores:
+        s = student(input_ids=batch["input_ids"], attention_mask=mask, output_hidden_states=True)
+    with torch.no_grad(), losses.AttentionScoreRecorder(teacher) as teacher_scores:
+        t = teacher(**qa.model_inputs(batch, teacher), output_hidden_states=True)
+    expected = {"task": losses.qa_task_loss(s.start_logits, s.end_logits, batch["start_positions"],
+                                            batch["end_positions"])}
+    if "distilbert" in objectives:
+        keep = distill_squad.kd_positions(batch, tokenizer.sep_token_id)
+        expected["kd"] = losses.qa_distillation_loss(s.start_logits, s.end_logits, t.start_logits, t.end_logits,
+                                                     keep, 2.0)
+        layers = plan["pkd_teacher_layers"]
+        expected["pkd"] = losses.pkd_patient_loss([s.hidden_states[i + 1][:, 0] for i in range(len(layers))],
+                                                  [t.hidden_states[k + 1][:, 0] for k in layers])
+    else:
+        layers = plan["tinybert_teacher_layers"]
+        expected["tb_attention"] = losses.tinybert_attention_loss(student_scores.scores,
+                                                                  [teacher_scores.scores[k] for k in layers], mask)
+        expected["tb_hidden"] = losses.tinybert_hidden_loss(list(s.hidden_states[1:]),
+                                                            [t.hidden_states[k + 1] for k in layers], None, mask)
+        expected["tb_embedding"] = losses.tinybert_embedding_loss(s.hidden_states[0], t.hidden_states[0], None, mask)
+        expected["tb_prediction"] = losses.tinybert_prediction_loss(s.start_logits, s.end_logits, t.start_logits,
+                                                                    t.end_logits, 3.0)
+    assert set(terms) == {"loss", *expected}
+    for name, value in expected.items():
+        assert torch.allclose(terms[name], value, rtol=1e-5, atol=1e-7), name
+    total = sum(TERM_WEIGHTS[name] * value for name, value in expected.items())
+    assert torch.allclose(terms["loss"], total, rtol=1e-5), (terms["loss"], total)
+
+
 def test_cached_teacher_logits_match_the_live_teacher_in_the_training_precision(artifacts):
     from pipeline import qa
 

@@ -197,8 +197,9 @@ def test_coreml_wrapper_matches_the_model_and_its_fp16_mask_stays_finite(built):
     for name in ("student", "teacher"):
         model = AutoModelForQuestionAnswering.from_pretrained(built[name]).eval()
         wrapped = coreml.load_wrapped(built[name], mask_input=True)
-        windows = onnx_qa.QuestionAnswerer(built[f"onnx_{name}"] / "fp32" / "model.onnx", built[name] / "tokenizer.json",
-                                          max_seq_length=64, doc_stride=16).windows(dev_examples(built["data"])[:4])
+        answerer = onnx_qa.QuestionAnswerer(built[f"onnx_{name}"] / "fp32" / "model.onnx",
+                                            built[name] / "tokenizer.json", max_seq_length=64, doc_stride=16)
+        windows = answerer.windows(dev_examples(built["data"])[:4])
         ids, mask = torch.from_numpy(windows.input_ids), torch.from_numpy(windows.attention_mask)
         inputs = {"input_ids": ids, "attention_mask": mask}
         if name == "teacher":

@@ -533,3 +533,18 @@ def test_a_recorder_can_be_used_again():
         with recorder:
             model(input_ids, attention_mask=attention_mask)
         assert len(recorder.scores) == 2 and all(not m._forward_hooks for m in model.modules())
+
+
+def test_the_teacher_trains_on_the_students_task_loss():
+    # teacher_finetune trains on BertForQuestionAnswering's own loss; the students' task term is qa_task_loss:
+    # the teacher-student comparison holds only while the two are one loss (answers past the window included).
+    from transformers import BertConfig, BertForQuestionAnswering
+
+    torch.manual_seed(0)
+    model = BertForQuestionAnswering(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1,
+                                                num_attention_heads=2, intermediate_size=32)).eval()
+    input_ids = torch.randint(5, 50, (3, 9))
+    starts, ends = torch.tensor([0, 4, 12]), torch.tensor([0, 6, 12])  # no answer, an answer, past the window
+    out = model(input_ids=input_ids, start_positions=starts, end_positions=ends)
+    expected = qa_task_loss(out.start_logits, out.end_logits, starts, ends)
+    assert torch.allclose(out.loss, expected, rtol=1e-6)

@@ -159,3 +159,23 @@ def test_teacher_directory_loads_in_the_transformers_qa_pipeline(dag_outputs):
     answer = qa_pipeline(question=record["question"], context=record["context"])
     assert answer["answer"] and answer["answer"] in record["context"]
     assert record["context"][answer["start"] : answer["end"]] == answer["answer"]
+
+
+def test_every_trained_model_and_the_bundle_has_a_model_card_with_its_measured_scores(dag_outputs):
+    from huggingface_hub import ModelCard
+
+    expected = {  # folder -> (pipeline tag, metrics.json key per metric type)
+        "teacher_pretrain": ("fill-mask", {"accuracy": "heldout_mlm_accuracy"}),
+        "teacher": ("question-answering", {"exact_match": "exact_match", "f1": "f1"}),
+        "distill_pretrain/main": ("fill-mask", {"accuracy": "student_mlm_accuracy"}),
+        "distill_squad": ("question-answering", {"exact_match": "exact_match", "f1": "f1"}),
+        "student_finetune": ("question-answering", {"exact_match": "exact_match", "f1": "f1"}),
+        "bundle": ("question-answering", {"exact_match": "exact_match", "f1": "f1"}),
+    }
+    for folder, (task, keys) in expected.items():
+        card = ModelCard.load(dag_outputs / folder / "README.md")
+        metrics = read_metrics(dag_outputs / folder)
+        assert card.data.pipeline_tag == task, folder
+        assert {r.metric_type: r.metric_value for r in card.data.eval_results} == {
+            metric: metrics[key] for metric, key in keys.items()}, folder
+

@@ -105,10 +105,12 @@ def test_training_rules_are_launched_from_the_compute_section(tmp_path):
             launched[stage] = words
             assert "--nproc_per_node=2" in words and "--standalone" in words
             assert "ACCELERATE_MIXED_PRECISION=fp16" in words
-            # The shell computes the threads per process from the rule's threads (4 cores at most): $(( (t + 1) / 2 ))
+            # The shell computes the threads per process from the rule's threads (4 cores at most): t // 2, >= 1
             start = words.index("OMP_NUM_THREADS=$((")
-            assert words[start + 2:start + 7] == ["+", "1)", "/", "2", "))"], words[start:start + 7]
-            assert 1 <= (int(words[start + 1].lstrip("(")) + 1) // 2 <= 2
+            rule_threads = int(words[start + 1])
+            assert words[start + 1:start + 13] == [str(rule_threads), "/", "2", ">", "0", "?", str(rule_threads), "/",
+                                                   "2", ":", "1", "))"], words[start:start + 13]
+            assert 1 <= max(1, rule_threads // 2) <= 2
         elif "-m" in words and words[words.index("-m") + 1] == "pipeline":
             assert words[words.index("pipeline") + 1] not in ("teacher-pretrain", "distill-pretrain")
     assert {"teacher-pretrain", "teacher-finetune", "distill-pretrain", "distill-squad"} <= launched.keys()

@@ -1,5 +1,5 @@
-"""Snakemake and its training job killed with SIGKILL: the recovery commands of docs/scale.md finish the DAG, and the job
-resumes from its last checkpoint and ends at the same step count.
+"""Snakemake and its training job killed with SIGKILL: the recovery commands of docs/scale.md finish the DAG, and the
+job resumes from its last checkpoint and ends at the same step count.
 
 The killed and recovered run is the session's DAG run (tests/dag_run.py), whose outputs tests/test_pipeline_dag.py
 checks. A stage killed on its own is tested in tests/test_distributed.py (distill_pretrain, resumed to the same

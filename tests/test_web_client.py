@@ -122,7 +122,8 @@ def test_token_ids_and_offsets_equal_python_tokenizers_on_dev_and_hard_texts(tin
 def test_windows_and_answers_equal_the_python_answerer_on_node_and_web(tiny, tmp_path):
     questions = dev_questions(tiny["data"]) + hard_questions()
     report = check_parity.parity(tiny["bundle"], write_questions(tmp_path / "q.json", questions), ["node", "web"])
-    long_windows = sum(1 for w in onnx_qa.QuestionAnswerer.from_bundle(tiny["bundle"]).windows(hard_questions()).example_ids
+    answerer = onnx_qa.QuestionAnswerer.from_bundle(tiny["bundle"])
+    long_windows = sum(1 for w in answerer.windows(hard_questions()).example_ids
                        if w == "long")
     assert long_windows > 3  # the long context needs several windows at this max_seq_length
     for backend, figures in report["backends"].items():

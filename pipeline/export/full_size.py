@@ -56,7 +56,7 @@ def torch_logits(model_dir: Path, windows: onnx_qa.Windows) -> tuple[np.ndarray,
 
 
 def export_coreml_packages(pytorch_dir: Path, coreml_dir: Path, cfg: PipelineConfig, out_dir: Path) -> dict:
-    # Imported here: the benchmark's timing processes import this module, and coreml imports torch.
+    # Imported here: coremltools loads only where packages are built (the benchmark imports this module too).
     from pipeline.export import coreml
 
     # The size goal counts every weight, so the full-size export palettizes the embedding tables too.

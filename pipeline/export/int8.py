@@ -18,11 +18,10 @@ from onnx import numpy_helper
 from pipeline import onnx_qa
 from pipeline.artifacts import EXPORTED_MODELS, read_json
 from pipeline.config import PipelineConfig, QuantizeConfig
-from pipeline.export.onnx_graph import optimize_graph
+from pipeline.export.onnx_graph import MODEL_FILE, optimize_graph
 from pipeline.gates import GateError
 from pipeline.latency import compare_latency, cpu_description
 
-MODEL_FILE = "model.onnx"
 NAIVE = "int8"
 # Per target: (per_channel, reduce_range). u8s8 kernels without VNNI can overflow int16 accumulators, which
 # reduce_range (7-bit weights) avoids; VNNI and ARM dot-product kernels use the full range, and per-channel scales

@@ -4,15 +4,17 @@ Artifacts: every model the pipeline exported (PyTorch fp32 as the baseline, ONNX
 the bundle's .ort, CoreML packages) and the full-size architectures (export_full_size).
 - size: bytes on disk (MB = 10^6 bytes; an .mlpackage counts every file in it).
 - dev exact match / F1: as the export stages measured them (ONNX through onnxruntime with the torch-free
-  answerer, PyTorch from training, CoreML from its PyTorch-side proxy); null for the random-weight full-size architectures.
+  answerer, PyTorch from training, CoreML from its PyTorch-side proxy); null for the random-weight full-size
+  architectures.
 - latency: batch 1, every configured length and thread count, p50 and p90 over `runs` timed runs after
   `warmup`; onnxruntime sessions and torch pinned to the thread count, one process per artifact whose peak
   resident memory is recorded. CoreML cannot run on Linux: its latency is null, with the reason.
-- int8 search: every int8 recipe of the full-size DistilBERT (export_full_size) that passed its accuracy gates
-  on every trained model (quantize_onnx) is timed at the longest length with 1 thread, round-robin; the two
-  fastest are timed again under each configured onnxruntime session option set, and the fastest pair is
-  "distilbert/onnx-int8-optimized" (its runner-up and every timing recorded). bert-base's int8 graph is built
-  here with the same recipe, so "bert-base/onnx-int8-optimized" is the same path applied to BERT-base.
+- int8 search (pipeline.export.int8.search_int8): every int8 recipe of the full-size DistilBERT (export_full_size)
+  that passed its accuracy gates on every trained model (quantize_onnx) is timed at the longest length with 1
+  thread, round-robin; the two fastest are timed again under each configured onnxruntime session option set, and
+  the fastest pair is "distilbert/onnx-int8-optimized" (its runner-up and every timing recorded). bert-base's int8
+  graph is built here with the same recipe, so "bert-base/onnx-int8-optimized" is the same path applied to
+  BERT-base.
 - GEMM floor: an ONNX graph of just the full-size DistilBERT int8 graph's MatMulInteger nodes (same weights and
   shapes), timed like the model at the longest length with 1 thread: model latency / floor says how close the
   model runs to this machine's int8 matrix-multiply speed.
@@ -227,7 +229,7 @@ def gemm_floor_graph(int8_model_path: Path, sequence_length: int, out_path: Path
         activation = f"activation_{in_features}"
         if activation not in inputs:
             inputs[activation] = helper.make_tensor_value_info(activation, TensorProto.UINT8, [1, sequence_length,
-                                                                                                in_features])
+                                                                                               in_features])
         for name in node.input[1:]:
             if name and name in initializers:
                 used[name] = initializers[name]
@@ -296,10 +298,9 @@ def build_bert_base_int8(root: Path, cfg: PipelineConfig, recipe_name: str, dist
     return out_dir / recipe_name / "model.onnx"
 
 
-
 def optimized_int8_artifacts(root: Path, cfg: PipelineConfig, search: dict, tmp: Path) -> list[dict]:
-    """"<architecture>/onnx-int8-optimized" for each full-size architecture: the search's recipe and session options. A graph
-    built here lies under tmp until the stage's output is committed; its "final_path" is where it ends up."""
+    """"<architecture>/onnx-int8-optimized" for each full-size architecture: the search's recipe and session options.
+    A graph built here lies under tmp until the stage's output is committed; its "final_path" is where it ends up."""
     recipe_name = search["choice"]["recipe"]
     recipes = read_json(root / "full_size" / "distilbert" / "full_size.json")["int8_recipes"]
     items = []

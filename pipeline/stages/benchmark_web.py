@@ -21,6 +21,7 @@ from pathlib import Path
 
 from pipeline.artifacts import EXPORTED_MODELS, atomic_write_json, directory_size_bytes, megabytes, read_json, setup_logging
 from pipeline.config import BenchmarkConfig, config_from_json
+from pipeline.errors import PipelineError
 from pipeline.latency import cpu_description
 
 logger = logging.getLogger(__name__)
@@ -30,7 +31,7 @@ BACKENDS = {"web": "onnx-web", "node": "onnx-node"}  # bench.mjs backend -> summ
 THREADS = 1  # the browser case: one WebAssembly thread needs no cross-origin isolation
 
 
-class WebBenchmarkError(RuntimeError):
+class WebBenchmarkError(PipelineError, RuntimeError):
     """Node or the client's npm packages are missing, or a timing run failed."""
 
 

@@ -16,7 +16,6 @@ and holds them to the int8 gates against the PyTorch student.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import logging
 import shutil
@@ -26,19 +25,18 @@ from pipeline import onnx_qa
 from pipeline.artifacts import (
     atomic_output_dir,
     atomic_write_json,
-    atomic_write_text,
     directory_size_bytes,
     files_manifest,
     library_versions,
     megabytes,
     read_json,
     setup_logging,
-    to_plain,
     verify_input_dirs,
     verify_manifest,
 )
 from pipeline.config import PipelineConfig, config_from_json
 from pipeline.gates import GateError, compressed_model_report, gate_questions, raise_for_failures
+from pipeline.model_card import bundle_card, config_hash, write_model_card
 
 logger = logging.getLogger(__name__)
 
@@ -53,10 +51,6 @@ def coreml_weights(variant: str, cfg: PipelineConfig) -> str:
     return COREML_WEIGHTS[variant]
 LIBRARIES = ("onnxruntime", "onnx", "optimum", "optimum-onnx", "transformers", "tokenizers", "torch", "coremltools",
              "numpy")
-
-
-def config_hash(cfg: PipelineConfig) -> str:
-    return hashlib.sha256(json.dumps(to_plain(cfg), sort_keys=True).encode()).hexdigest()
 
 
 def convert_to_ort(onnx_path: Path, out_dir: Path) -> Path:
@@ -212,7 +206,7 @@ def run(cfg: PipelineConfig, quantized_dir: Path, coreml_dir: Path, model_dir: P
                                                    cfg.export.gates.max_f1_drop))
         raise_for_failures(reports, str(out_dir))
         answerer = onnx_qa.QuestionAnswerer.with_squad_settings(tmp / ONNX_NAME, tmp / "tokenizer.json", cfg.squad,
-                                                               threads=1)
+                                                                threads=1)
         tokenizer_config = read_json(source / "tokenizer_config.json") if (source / "tokenizer_config.json").is_file() else {}
         config = qa_config(cfg, answerer, coreml, tokenizer_config)
         atomic_write_json(tmp / "qa_config.json", config)
@@ -233,7 +227,8 @@ def run(cfg: PipelineConfig, quantized_dir: Path, coreml_dir: Path, model_dir: P
             "ort_answers_equal_onnx": sum(predictions["ort"][k] == v for k, v in predictions["onnx"].items()) / len(examples),
         }
         atomic_write_json(tmp / "metrics.json", metrics)
-        atomic_write_text(tmp / "README.md", app_readme(config, metrics, worked_example(answerer, examples[0])))
+        readme = app_readme(config, metrics, worked_example(answerer, examples[0]))
+        write_model_card(bundle_card(cfg, metrics, readme), tmp)  # the app README with model-card metadata
         atomic_write_json(tmp / "manifest.json", {
             "files": files_manifest(tmp),
             "library_versions": library_versions(LIBRARIES),

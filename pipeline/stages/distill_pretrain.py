@@ -27,6 +27,7 @@ from pipeline.config import DistillPretrainConfig, PipelineConfig, config_from_j
 from pipeline.corpus import TokenizedCorpus, token_budget_batches
 from pipeline.losses import mlm_distillation_terms
 from pipeline.masking import selection_weights_from_counts
+from pipeline.model_card import mlm_student_card, write_model_card
 from pipeline.mlm import MaskedBatchCollator, masked_token_accuracy, rows, special_token_ids
 from pipeline.students import freeze
 from pipeline.train import is_main_process, maybe_compile, prepare_run, process_group_from_env, train, use_bf16
@@ -140,6 +141,7 @@ def run(
         tokenizer.save_pretrained(tmp)
         shutil.copy(work_dir / "train_log.jsonl", tmp / "train_log.jsonl")
         atomic_write_json(tmp / "metrics.json", metrics)
+        write_model_card(mlm_student_card(cfg, metrics, str(teacher_source)), tmp)
     logger.info("distill_pretrain: %s", json.dumps(metrics))
     return metrics
 

@@ -44,11 +44,12 @@ from pipeline.losses import (
     pkd_teacher_layers,
     qa_distillation_loss,
     qa_task_loss,
-    soft_cross_entropy,
     tinybert_attention_loss,
     tinybert_embedding_loss,
     tinybert_hidden_loss,
+    tinybert_prediction_loss,
 )
+from pipeline.model_card import qa_student_card, write_model_card
 from pipeline.students import freeze
 from pipeline.students import LayerMappingError, teacher_layers_for_student
 from pipeline.train import is_main_process, prepare_run, seed_everything, train, use_bf16
@@ -285,9 +286,8 @@ class SquadDistillationLoss:
                     student_out.hidden_states[0], teacher_out.hidden_states[0], self.projection, mask)
                 total = total + tb.embedding_weight * terms["tb_embedding"]
             if tb.prediction_weight > 0:
-                start_ce = soft_cross_entropy(student_out.start_logits, teacher_start, tb.temperature)
-                end_ce = soft_cross_entropy(student_out.end_logits, teacher_end, tb.temperature)
-                terms["tb_prediction"] = (start_ce + end_ce) / 2
+                terms["tb_prediction"] = tinybert_prediction_loss(student_out.start_logits, student_out.end_logits,
+                                                                  teacher_start, teacher_end, tb.temperature)
                 total = total + tb.prediction_weight * terms["tb_prediction"]
         return {"loss": total, **{name: value.detach() for name, value in terms.items()}}
 
@@ -481,6 +481,8 @@ def run(
         atomic_write_json(tmp / "predictions.json", predictions)
         write_combined_log(work_dir, [phase for phase, _ in phases], tmp / "train_log.jsonl")
         atomic_write_json(tmp / "metrics.json", metrics)
+        write_model_card(qa_student_card(cfg, metrics, str(teacher_dir) if teacher is not None else None,
+                                         out_dir.name), tmp)
     logger.info("%s: %s", "distill_squad" if teacher else "student_finetune", json.dumps(metrics))
     return metrics
 

@@ -26,10 +26,11 @@ from pipeline.artifacts import atomic_output_dir, atomic_write_json, directory_s
 from pipeline.artifacts import verify_input_dirs
 from pipeline.config import PipelineConfig, config_from_json
 from pipeline.export.coreml import (MASKED_SCORE, check_lengths, check_package, compress, convert, load_wrapped,
-                                   proxy_predictions, read_package, weight_matrix_count)
+                                    proxy_predictions, read_package, weight_matrix_count)
 from pipeline.gates import compressed_model_report, gate_questions, raise_for_failures
 
 logger = logging.getLogger(__name__)
+
 
 def run(cfg: PipelineConfig, model_dir: Path, data_dir: Path | None, out_dir: Path) -> dict:
     """Convert every configured variant; with data_dir, score each proxy on dev and enforce the gates."""

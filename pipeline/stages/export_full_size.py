@@ -32,9 +32,10 @@ logger = logging.getLogger(__name__)
 
 
 def run(cfg: PipelineConfig, architecture: str, out_dir: Path) -> dict:
-    rcfg = cfg.export.full_size
+    full_size_cfg = cfg.export.full_size
     settings = int8.quantization_settings(cfg.export.quantize)
-    pretrained = rcfg.distilbert_pretrained if architecture == "distilbert" else rcfg.bert_base_pretrained
+    pretrained = (full_size_cfg.distilbert_pretrained if architecture == "distilbert"
+                  else full_size_cfg.bert_base_pretrained)
     with_device_formats = architecture == "distilbert"  # the 207 MB comparison is about DistilBERT
     with atomic_output_dir(out_dir, cfg) as tmp:
         pytorch_dir = tmp / "pytorch"
@@ -73,7 +74,7 @@ def run(cfg: PipelineConfig, architecture: str, out_dir: Path) -> dict:
         metrics = {
             "architecture": architecture,
             "shape": {key: model_config[key] for key in ("n_layers", "num_hidden_layers", "dim", "hidden_size",
-                                                          "vocab_size") if key in model_config},
+                                                         "vocab_size") if key in model_config},
             "weights": pretrained or "random (sizes and latency do not depend on the values)",
             "n_parameters": n_parameters,
             "pytorch_fp32_mb": megabytes(directory_size_bytes(pytorch_dir / "model.safetensors")),
@@ -88,11 +89,11 @@ def run(cfg: PipelineConfig, architecture: str, out_dir: Path) -> dict:
         if with_device_formats:
             int8_mb = min(size for variant, size in onnx_sizes.items() if variant in recipes)
             coreml_4bit_mb = packages["4bit"]["size_mb"] if "4bit" in packages else None
+            max_int8_mb, max_4bit_mb = full_size_cfg.max_int8_onnx_mb, full_size_cfg.max_coreml_4bit_mb
             metrics["goals"] = {
-                "int8_onnx_mb": {"value": int8_mb, "maximum": rcfg.max_int8_onnx_mb,
-                                 "met": int8_mb <= rcfg.max_int8_onnx_mb},
-                "coreml_4bit_mb": {"value": coreml_4bit_mb, "maximum": rcfg.max_coreml_4bit_mb,
-                                   "met": coreml_4bit_mb is not None and coreml_4bit_mb <= rcfg.max_coreml_4bit_mb},
+                "int8_onnx_mb": {"value": int8_mb, "maximum": max_int8_mb, "met": int8_mb <= max_int8_mb},
+                "coreml_4bit_mb": {"value": coreml_4bit_mb, "maximum": max_4bit_mb,
+                                   "met": coreml_4bit_mb is not None and coreml_4bit_mb <= max_4bit_mb},
             }
         atomic_write_json(tmp / "full_size.json", metrics)
     logger.info("export_full_size %s: %s", architecture, json.dumps(metrics))

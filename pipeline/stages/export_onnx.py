@@ -25,10 +25,11 @@ from pipeline.artifacts import atomic_output_dir, atomic_write_json, directory_s
 from pipeline.artifacts import verify_input_dirs
 from pipeline.config import PipelineConfig, config_from_json
 from pipeline.export.onnx_graph import (MODEL_FILE, check_fusions, export_fp32, max_logit_difference, optimize_graph,
-                                       windows_from_features)
+                                        windows_from_features)
 from pipeline.gates import GateError, answer_agreement, gate_questions, logit_parity_report, raise_for_failures
 
 logger = logging.getLogger(__name__)
+
 
 def run(cfg: PipelineConfig, model_dir: Path, data_dir: Path, out_dir: Path) -> dict:
     import torch

@@ -30,17 +30,17 @@ import shutil
 from dataclasses import asdict
 from pathlib import Path
 
-
 from pipeline import onnx_qa, squad
 from pipeline.artifacts import atomic_output_dir, atomic_write_json, directory_size_bytes, megabytes, read_json, setup_logging
 from pipeline.artifacts import verify_input_dirs
 from pipeline.config import PipelineConfig, config_from_json
 from pipeline.export.int8 import (MODEL_FILE, NAIVE, build_variants, choose_bundle_variant, int8_recipes,
-                                 quantization_settings, weight_storage)
+                                  quantization_settings, weight_storage)
 from pipeline.gates import compressed_model_report, gate_questions, raise_for_failures
 from pipeline.latency import compare_latency, cpu_description
 
 logger = logging.getLogger(__name__)
+
 
 def run(cfg: PipelineConfig, onnx_dir: Path, model_dir: Path, data_dir: Path, out_dir: Path, threads: int = 1) -> dict:
     verify_input_dirs(onnx_dir, model_dir, data_dir)
@@ -113,7 +113,7 @@ def training_windows(data_dir: Path, onnx_dir: Path, cfg: PipelineConfig, count:
 
     train, _ = load_squad(str(data_dir / "train.jsonl"))
     answerer = onnx_qa.QuestionAnswerer.with_squad_settings(onnx_dir / "fp32" / MODEL_FILE,
-                                                           onnx_dir / "fp32" / "tokenizer.json", cfg.squad, threads=1)
+                                                            onnx_dir / "fp32" / "tokenizer.json", cfg.squad, threads=1)
     return answerer.windows(squad.questions(train)[:count])
 
 

@@ -24,6 +24,7 @@ from pipeline.artifacts import (
 from pipeline.config import PipelineConfig, config_from_json
 from pipeline.data import load_squad
 from pipeline.losses import masked_lm_loss
+from pipeline.model_card import mlm_teacher_card, qa_teacher_card, write_model_card
 from pipeline.corpus import TokenizedCorpus, token_budget_batches
 from pipeline.mlm import MaskedBatchCollator, masked_token_accuracy, rows
 from pipeline.train import is_main_process, prepare_run, process_group_from_env, train
@@ -94,6 +95,7 @@ def run_pretrain(cfg: PipelineConfig, corpus_dir: Path, tokenizer_dir: Path, out
         tokenizer.save_pretrained(tmp)
         shutil.copy(work_dir / "train_log.jsonl", tmp / "train_log.jsonl")
         atomic_write_json(tmp / "metrics.json", metrics)
+        write_model_card(mlm_teacher_card(cfg, metrics), tmp)
     logger.info("teacher_pretrain: %s", json.dumps(metrics))
     return metrics
 
@@ -150,6 +152,7 @@ def run_finetune(
         if (work_dir / "train_log.jsonl").is_file():
             shutil.copy(work_dir / "train_log.jsonl", tmp / "train_log.jsonl")
         atomic_write_json(tmp / "metrics.json", metrics)
+        write_model_card(qa_teacher_card(cfg, metrics), tmp)
     logger.info("teacher_finetune: %s", json.dumps(metrics))
     return metrics
 

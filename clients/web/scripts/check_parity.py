@@ -1,4 +1,5 @@
-"""Parity of the JavaScript client with the torch-free Python answerer (pipeline.onnx_qa) on one bundle and question file.
+"""Parity of the JavaScript client with the torch-free Python answerer (pipeline.onnx_qa) on one bundle and question
+file.
 
 Runs `node scripts/parity.mjs` on each backend, then compares with the Python answerer on the same questions:
   * token ids and context offsets of every window of every question (must be identical),
