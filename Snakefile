@@ -20,7 +20,7 @@ include: "rules/common.smk"
 rule all:
     input:
         f"{ROOT}/teacher",
-        f"{ROOT}/distill_pretrain/main",
+        [f"{ROOT}/distill_pretrain/main"] if STUDENT_DISTILLED_HERE else [],
         f"{ROOT}/distill_squad",
         f"{ROOT}/student_finetune",
         expand(f"{ROOT}/{{kind}}/{{model}}", kind=["onnx", "quantized", "coreml"], model=list(EXPORTED_MODELS)),

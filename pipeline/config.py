@@ -219,6 +219,13 @@ class SquadConfig:
 class StudentConfig:
     """The DistilBERT student (Sanh et al. 2019): the teacher's width, fewer layers, no token types, no pooler."""
 
+    pretrained: str | None = option(
+        None,
+        "Hub name or local directory of a pretrained DistilBERT (e.g. 'distilbert-base-uncased', as the paper's "
+        "second step starts): init_student and distill_pretrain are skipped, and distill_squad, the CE-only baseline "
+        "and everything after them start from it. Its vocabulary must be the teacher's. null: the student is "
+        "distilled here.",
+    )
     n_layers: int | None = option(None, "Student depth; null: half the teacher's (DistilBERT: 12 -> 6).", minimum=1)
     layer_mapping: str | list[int] = option(
         "every_other",

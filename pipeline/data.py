@@ -139,7 +139,7 @@ def configured_local_paths(cfg: PipelineConfig) -> dict[str, str]:
     sources = {
         "data.squad": cfg.data.squad, "data.squad_dev": cfg.data.squad_dev, "data.corpus": cfg.data.corpus,
         "tokenizer.pretrained": cfg.tokenizer.pretrained, "teacher.pretrained": cfg.teacher.pretrained,
-        "teacher.pretrained_qa": cfg.teacher.pretrained_qa,
+        "teacher.pretrained_qa": cfg.teacher.pretrained_qa, "student.pretrained": cfg.student.pretrained,
         "export.full_size.distilbert_pretrained": cfg.export.full_size.distilbert_pretrained,
         "export.full_size.bert_base_pretrained": cfg.export.full_size.bert_base_pretrained,
     }

@@ -81,7 +81,7 @@ def model_card(cfg: PipelineConfig, *, title: str, summary: str, task: str, scor
         lines = [body.rstrip(), ""]
     lines += ["## How it was built", "",
               f"- config sha256: `{config_hash(cfg)}` (every key of the resolved pipeline config)",
-              f"- machine: {machine['model_name']} ({', '.join(machine['simd_flags'][:6])}...)"]
+              f"- machine: {machine['model_name']} ({', '.join(machine['simd_flags']) or 'no SIMD flags read'})"]
     lines += [f"- {key}: {value}" for key, value in (build or {}).items()]
     versions = library_versions()
     lines += ["- libraries: " + ", ".join(f"{name} {version}" for name, version in versions.items()), ""]
@@ -183,8 +183,9 @@ def qa_student_card(cfg: PipelineConfig, metrics: dict, teacher: str | None, fol
                 if "f1_relative_to_teacher" in metrics else "")
     return model_card(
         cfg, title="DistilBERT question-answering student", task="question-answering",
-        base_model=hub_name(cfg.teacher.pretrained),
-        summary=f"DistilBertForQuestionAnswering from the student of distill_pretrain, {how}{relative}.",
+        base_model=hub_name(cfg.student.pretrained) if cfg.student.pretrained else hub_name(cfg.teacher.pretrained),
+        summary=f"DistilBertForQuestionAnswering from {cfg.student.pretrained or 'the student of distill_pretrain'}, "
+                f"{how}{relative}.",
         scores=squad_scores(metrics),
         where_measured=f"{folder_name}, PyTorch, every dev question ({metrics['n_examples']}), SQuAD v1.1 metric",
         usage=qa_usage(folder_name),

@@ -20,6 +20,11 @@ MLM_TEACHER = f"{ROOT}/teacher_pretrain" if TEACHER_FROM_SCRATCH else CFG.teache
 # TinyBERT's task-stage augmentation asks the MLM teacher for replacement words.
 AUGMENT = CFG.distill_squad.augmentation.copies > 0
 MLM_TEACHER_ARG = f"--mlm-teacher-dir {shlex.quote(str(MLM_TEACHER))}" if AUGMENT else ""
+# The student the SQuAD stages start from: distilled here (rule distill_pretrain), or student.pretrained (a hub
+# name or a folder), which skips init_student and distill_pretrain.
+STUDENT_DISTILLED_HERE = CFG.student.pretrained is None
+SQUAD_STUDENT = f"{ROOT}/distill_pretrain/main" if STUDENT_DISTILLED_HERE else CFG.student.pretrained
+SQUAD_STUDENT_INPUT = [SQUAD_STUDENT] if STUDENT_DISTILLED_HERE else []
 # Pretraining-distillation variants: the configured student, and the random-init ablation with the same budget
 # (evidence, built by target `study`).
 STUDENT_VARIANTS = ["main"] + (["random_init_ablation"] if CFG.distill_pretrain.run_random_init_ablation else [])
@@ -124,6 +129,11 @@ def benchmark_file(job):
 def caption(name):
     """A report entry's caption (report/<name>.rst), by absolute path: the rule files are not beside the Snakefile."""
     return str(Path(workflow.basedir) / "report" / f"{name}.rst")
+
+
+WEB_CLIENT = Path(workflow.basedir) / "clients" / "web"
+WEB_CLIENT_FILES = [str(WEB_CLIENT / "scripts" / "bench.mjs"), str(WEB_CLIENT / "package-lock.json"),
+                    *sorted(str(path) for path in (WEB_CLIENT / "src").glob("*.js"))]
 
 
 # Target `study`: the runs (objective x seed) its rules build.

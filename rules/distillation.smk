@@ -58,7 +58,7 @@ rule distill_pretrain:
 
 rule distill_squad:
     input:
-        student=f"{ROOT}/distill_pretrain/main",
+        student=SQUAD_STUDENT_INPUT,
         teacher=rules.teacher_finetune.output[0],
         mlm_teacher=[MLM_TEACHER] if AUGMENT and TEACHER_FROM_SCRATCH else [],
         data=rules.prepare_data.output[0],
@@ -67,6 +67,7 @@ rule distill_squad:
         directory(f"{ROOT}/distill_squad"),
     params:
         cfg=training_config("seed", "squad", "distill_squad"),
+        student=SQUAD_STUDENT,
         mlm_teacher=MLM_TEACHER_ARG,
         work=f"{ROOT}/work/distill_squad",
     log:
@@ -78,20 +79,21 @@ rule distill_squad:
     resources:
         **TRAIN_RESOURCES,
     shell:
-        stage_shell("distill-squad", "--student-dir {input.student:q} --teacher-dir {input.teacher:q}"
+        stage_shell("distill-squad", "--student-dir {params.student:q} --teacher-dir {input.teacher:q}"
                     " {params.mlm_teacher} --data-dir {input.data:q} --out-dir {output:q} --work-dir {params.work:q}",
                     training=True)
 
 
 rule student_finetune:
     input:
-        student=f"{ROOT}/distill_pretrain/main",
+        student=SQUAD_STUDENT_INPUT,
         data=rules.prepare_data.output[0],
         code=code("distill-squad"),
     output:
         directory(f"{ROOT}/student_finetune"),
     params:
         cfg=training_config("seed", "squad", "distill_squad"),
+        student=SQUAD_STUDENT,
         work=f"{ROOT}/work/student_finetune",
     log:
         log_file("student_finetune"),
@@ -102,5 +104,5 @@ rule student_finetune:
     resources:
         **TRAIN_RESOURCES,
     shell:
-        stage_shell("distill-squad", "--ce-only --student-dir {input.student:q} --data-dir {input.data:q}"
+        stage_shell("distill-squad", "--ce-only --student-dir {params.student:q} --data-dir {input.data:q}"
                     " --out-dir {output:q} --work-dir {params.work:q}", training=True)

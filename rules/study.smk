@@ -11,7 +11,7 @@ rule study:
 
 rule study_run:
     input:
-        student=f"{ROOT}/distill_pretrain/main",
+        student=SQUAD_STUDENT_INPUT,
         teacher=rules.teacher_finetune.output[0],
         mlm_teacher=[MLM_TEACHER] if AUGMENT and TEACHER_FROM_SCRATCH else [],
         data=rules.prepare_data.output[0],
@@ -23,6 +23,7 @@ rule study_run:
         seed=r"\d+",
     params:
         cfg=study_run_config,
+        student=SQUAD_STUDENT,
         teacher=lambda wildcards, input: "--ce-only" if wildcards.run == study_stage.BASELINE
         else f"--teacher-dir {shlex.quote(str(input.teacher))} {MLM_TEACHER_ARG}",
         work=lambda wildcards: f"{ROOT}/work/study/{wildcards.run}/seed{wildcards.seed}",
@@ -34,7 +35,7 @@ rule study_run:
     resources:
         **TRAIN_RESOURCES,
     shell:
-        stage_shell("distill-squad", "{params.teacher} --student-dir {input.student:q} --data-dir {input.data:q}"
+        stage_shell("distill-squad", "{params.teacher} --student-dir {params.student:q} --data-dir {input.data:q}"
                     " --out-dir {output:q} --work-dir {params.work:q}", training=True)
 
 

@@ -54,6 +54,7 @@ def test_the_teacher_stage_reaches_the_modules_its_imports_reach():
     assert "stages/distill_squad.py" not in files and "onnx_qa.py" not in files
 
 
+@functools.lru_cache(maxsize=None)
 def workflow_rules() -> dict:
     """Each rule of the default DAG and the study: its shell command and its `code` inputs, as Snakemake parsed
     them (the Snakemake API, no job runs)."""
@@ -93,6 +94,13 @@ def test_every_stage_rule_lists_exactly_its_import_closure():
         module = COMMANDS[command][0]
         missing = runtime_imports(module) - {str(Path(path).resolve()) for path in python_files}
         assert not missing, (name, missing)
+
+
+def test_the_javascript_timing_reruns_when_the_client_changes():
+    _, code = workflow_rules()["benchmark_web"]
+    client = PROJECT_ROOT / "clients" / "web"
+    expected = {client / "scripts" / "bench.mjs", client / "package-lock.json", *(client / "src").glob("*.js")}
+    assert expected <= {Path(path) for path in code}
 
 
 def test_no_stage_module_imports_another_stage():

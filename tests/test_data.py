@@ -150,12 +150,13 @@ def test_every_missing_local_path_of_the_config_is_named_with_its_key(tmp_path):
     cfg = from_dict(PipelineConfig, {"data": {"squad": str(tmp_path / "train.json"), "squad_dev": "dev.jsonl",
                                               "corpus": str(present)},
                                      "teacher": {"pretrained": "./teachers/bert"},
+                                     "student": {"pretrained": str(tmp_path / "students" / "small")},
                                      "export": {"full_size": {"distilbert_pretrained": "distilbert-base-uncased"}}})
     with pytest.raises(DataError) as raised:
         check_local_files(cfg)
     message = str(raised.value)
     assert f"data.squad: {tmp_path / 'train.json'}" in message and "data.squad_dev: dev.jsonl" in message
-    assert "teacher.pretrained: ./teachers/bert" in message
+    assert "teacher.pretrained: ./teachers/bert" in message and "student.pretrained: " in message
     assert "data.corpus" not in message and "distilbert" not in message  # present, and a hub name
     check_local_files(from_dict(PipelineConfig, {}))  # the offline default names no file
 

@@ -87,6 +87,21 @@ def test_pkd_without_its_soft_target_term_is_refused_naming_the_missing_objectiv
     assert tiny_config(distill_squad={"objectives": ["pkd", "distilbert"]}).distill_squad.objectives == ["pkd", "distilbert"]
 
 
+def test_a_student_with_another_vocabulary_than_the_teacher_is_refused_naming_both(artifacts, tmp_path):
+    from transformers import AutoTokenizer
+
+    other = tmp_path / "other student"
+    tokenizer = AutoTokenizer.from_pretrained(artifacts["student"])
+    tokenizer.add_tokens(["zzqword"])  # one token more than the teacher reads
+    tokenizer.save_pretrained(other)
+    DistilBertForMaskedLM.from_pretrained(artifacts["student"]).save_pretrained(other)
+    cfg = tiny_config()
+    with pytest.raises(ConfigError, match=r"student.pretrained: the student .*other student and the teacher .* have "
+                                          r"different vocabularies \((\d+) and (?!\1)\d+ tokens"):
+        distill_squad.run(cfg, other, artifacts["qa_teacher"], artifacts["data"], tmp_path / "out", tmp_path / "work")
+    assert not (tmp_path / "out").exists()
+
+
 def test_layer_mapping_outside_the_teacher_fails_before_training(artifacts, tmp_path):
     with pytest.raises(ConfigError, match=r"distill_squad\.tinybert\.layer_mapping"):
         run_distill_squad(artifacts, tmp_path, objectives=["tinybert"], tinybert={"layer_mapping": [5]})

@@ -128,3 +128,21 @@ def test_a_failing_jobs_own_error_reaches_the_console_with_the_local_profile(tmp
     console = completed.stdout + completed.stderr
     assert f"error: {broken}: invalid JSON at line 1 column" in console
     assert not (tmp_path / "out" / "data").exists()
+
+
+def test_a_pretrained_student_skips_pretraining_distillation(tmp_path):
+    student = tmp_path / "my student"
+    student.mkdir()  # a local folder (a DistilBERT saved elsewhere); the dry run only plans
+    config = tmp_path / "config.yaml"
+    config.write_text(f"output_root: {json.dumps(str(tmp_path / 'out'))}\n"
+                      f"student:\n  pretrained: {json.dumps(str(student))}\n")
+    completed = snakemake(tmp_path, "-n", "-p", "--cores", "2", "--configfile",
+                          str(PROJECT_ROOT / "configs" / "test.yaml"), str(config))
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    jobs = planned_jobs(completed.stdout)
+    assert "init_student" not in jobs and "distill_pretrain" not in jobs
+    assert {"teacher_finetune", "distill_squad", "student_finetune", "bundle", "report"} <= jobs.keys()
+    squad_stages = [words for words in shell_commands(completed.stdout) if "distill-squad" in words]
+    assert len(squad_stages) == 2
+    assert all(words[words.index("--student-dir") + 1] == str(student) for words in squad_stages)
+

@@ -58,6 +58,17 @@ logger = logging.getLogger(__name__)
 
 
 
+def check_same_vocabulary(student_tokenizer, student_source: str | Path, teacher_dir: str | Path) -> None:
+    """Distillation compares the two models' outputs on the same windows: the teacher must read the student's ids."""
+    student_vocab = student_tokenizer.get_vocab()
+    teacher_vocab = AutoTokenizer.from_pretrained(teacher_dir).get_vocab()
+    if student_vocab != teacher_vocab:
+        differing = sorted(set(student_vocab.items()) ^ set(teacher_vocab.items()), key=str)[:3]
+        raise ConfigError(f"student.pretrained: the student {student_source} and the teacher {teacher_dir} have "
+                          f"different vocabularies ({len(student_vocab)} and {len(teacher_vocab)} tokens; e.g. "
+                          f"{differing}): distill from a teacher with the student's tokenizer")
+
+
 def distillation_plan(cfg: DistillSquadConfig, student_config, teacher_config) -> dict:
     """Check the objectives against both models before any training; returns the layer mappings.
 
@@ -368,7 +379,7 @@ def combine_phase_metrics(phase_results: list[dict], cache_seconds: float) -> di
 
 def run(
     cfg: PipelineConfig,
-    student_dir: Path,
+    student_dir: str | Path,
     teacher_dir: Path | None,
     data_dir: Path,
     out_dir: Path,
@@ -389,6 +400,7 @@ def run(
     plan: dict = {}
     projection = None
     if teacher_dir is not None:
+        check_same_vocabulary(tokenizer, student_dir, teacher_dir)
         teacher = freeze(BertForQuestionAnswering.from_pretrained(teacher_dir)).to(device)
         plan = distillation_plan(dcfg, student.config, teacher.config)
         if plan["needs_projection"]:
@@ -405,9 +417,12 @@ def run(
             raise ConfigError("distill_squad.augmentation.copies > 0 needs the masked-LM teacher (--mlm-teacher-dir)")
         windows = add_augmented_windows(windows, mlm_teacher, tokenizer, cfg, device)
     local_mlm = [Path(mlm_teacher)] if augment and Path(mlm_teacher).is_dir() else []
+    local_student = Path(student_dir).exists()
     run_id = fingerprint(
         "distill_squad" if teacher else "student_finetune", to_plain(dcfg), to_plain(cfg.squad), cfg.seed,
-        files=[data_dir / "train.jsonl", student_dir] + ([teacher_dir] if teacher_dir else []) + local_mlm,
+        *([] if local_student else [f"hub student {student_dir}"]),
+        files=[data_dir / "train.jsonl", *([student_dir] if local_student else []),
+               *([teacher_dir] if teacher_dir else []), *local_mlm],
     )
     phases = training_phases(dcfg) if teacher is not None else [("main", dcfg)]
     cached_logits: dict[str, torch.Tensor] = {}
@@ -490,7 +505,8 @@ def run(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline distill-squad", description=__doc__)
     parser.add_argument("--config-json", required=True)
-    parser.add_argument("--student-dir", required=True, type=Path, help="output of distill_pretrain")
+    parser.add_argument("--student-dir", required=True,
+                        help="output of distill_pretrain, or student.pretrained (a folder or a hub name)")
     parser.add_argument("--teacher-dir", type=Path, default=None, help="output of teacher_finetune")
     parser.add_argument("--ce-only", action="store_true", help="no teacher: the student_finetune baseline")
     parser.add_argument("--mlm-teacher-dir", default=None,
