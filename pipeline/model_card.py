@@ -129,6 +129,17 @@ def hub_name(source: str | None) -> str | None:
     return source
 
 
+def training_device(metrics: dict) -> str:
+    """Where the model trained: "cpu", or the CUDA device with the GPU's name (the CPU is in every card too)."""
+    device = str(metrics.get("device", "cpu"))
+    if device.startswith("cuda"):
+        import torch
+
+        if torch.cuda.is_available():
+            return f"{device} ({torch.cuda.get_device_name(0)}, {torch.cuda.device_count()} visible)"
+    return device
+
+
 def squad_scores(metrics: dict) -> list[Score]:
     return [Score("exact_match", metrics["exact_match"], "Exact match"), Score("f1", metrics["f1"], "F1")]
 
@@ -144,7 +155,7 @@ def mlm_teacher_card(cfg: PipelineConfig, metrics: dict) -> ModelCard:
         where_measured=f"teacher_pretrain, {metrics['n_heldout_masked_tokens']} masked tokens of held-out documents",
         usage=mlm_usage("teacher_pretrain"),
         build={"corpus": corpus_dataset(cfg), "training tokens": metrics["n_train_tokens"],
-               "optimizer steps": metrics.get("steps")})
+               "optimizer steps": metrics.get("steps"), "trained on": training_device(metrics)})
 
 
 def qa_teacher_card(cfg: PipelineConfig, metrics: dict) -> ModelCard:
@@ -156,7 +167,8 @@ def qa_teacher_card(cfg: PipelineConfig, metrics: dict) -> ModelCard:
                 + f", from {base or 'the teacher pretrained by teacher_pretrain'}.",
         scores=squad_scores(metrics),
         where_measured=f"teacher_finetune, PyTorch, every dev question ({metrics['n_examples']}), SQuAD v1.1 metric",
-        usage=qa_usage("teacher"), build={"optimizer steps": metrics.get("steps")})
+        usage=qa_usage("teacher"),
+        build={"optimizer steps": metrics.get("steps"), "trained on": training_device(metrics)})
 
 
 def mlm_student_card(cfg: PipelineConfig, metrics: dict, teacher: str) -> ModelCard:
@@ -171,7 +183,8 @@ def mlm_student_card(cfg: PipelineConfig, metrics: dict, teacher: str) -> ModelC
         where_measured=(f"distill_pretrain, the same {metrics['n_heldout_masked_tokens']} masked tokens of held-out "
                         f"documents as the teacher's {metrics['teacher_mlm_accuracy']}"),
         usage=mlm_usage("distill_pretrain/main"),
-        build={"teacher": teacher, "training tokens": metrics["n_train_tokens"], "optimizer steps": metrics.get("steps")})
+        build={"teacher": teacher, "training tokens": metrics["n_train_tokens"], "optimizer steps": metrics.get("steps"),
+               "trained on": training_device(metrics)})
 
 
 def qa_student_card(cfg: PipelineConfig, metrics: dict, teacher: str | None, folder_name: str) -> ModelCard:
@@ -190,7 +203,7 @@ def qa_student_card(cfg: PipelineConfig, metrics: dict, teacher: str | None, fol
         where_measured=f"{folder_name}, PyTorch, every dev question ({metrics['n_examples']}), SQuAD v1.1 metric",
         usage=qa_usage(folder_name),
         build={"teacher": teacher or "none (CE only)", "objectives": ", ".join(objectives) or "none",
-               "optimizer steps": metrics.get("steps")})
+               "optimizer steps": metrics.get("steps"), "trained on": training_device(metrics)})
 
 
 def bundle_card(cfg: PipelineConfig, metrics: dict, app_readme: str) -> ModelCard:

@@ -6,7 +6,7 @@ from pipeline import model_card
 from tests.stage_fixtures import tiny_config
 
 QA_METRICS = {"exact_match": 81.25, "f1": 88.5, "n_examples": 16, "steps": 40, "objectives": ["tinybert"],
-              "alpha_task": 0.5, "teacher_f1": 90.0, "f1_relative_to_teacher": 0.9833}
+              "alpha_task": 0.5, "teacher_f1": 90.0, "f1_relative_to_teacher": 0.9833, "device": "cpu"}
 
 
 def scores(card: ModelCard) -> dict[str, float]:
@@ -23,6 +23,7 @@ def test_a_student_card_carries_its_measured_scores_task_and_build(tmp_path):
     assert {result.task_type for result in card.data.eval_results} == {"question-answering"}
     assert card.data.datasets == ["synthetic-squad"] and card.data.base_model is None  # a teacher built here
     assert model_card.config_hash(cfg) in card.text and "tinybert" in card.text and "98.3%" in card.text
+    assert "- trained on: cpu" in card.text and "- machine: " in card.text
 
 
 def test_a_hub_teacher_is_the_base_model_and_a_local_folder_is_not(tmp_path):
