@@ -7,7 +7,7 @@ from pathlib import Path
 from pipeline.artifacts import EXPORTED_MODELS
 from pipeline.code_inputs import command_code_files
 from pipeline.config import PipelineConfig, from_dict, to_dict
-from pipeline.data import check_local_files, local_data_files
+from pipeline.data import check_local_files, configured_local_paths, local_data_files
 from pipeline.stages import study as study_stage
 
 CFG = from_dict(PipelineConfig, config)  # cross-field checks the schema cannot express
@@ -20,18 +20,20 @@ MLM_TEACHER = f"{ROOT}/teacher_pretrain" if TEACHER_FROM_SCRATCH else CFG.teache
 # TinyBERT's task-stage augmentation asks the MLM teacher for replacement words.
 AUGMENT = CFG.distill_squad.augmentation.copies > 0
 MLM_TEACHER_ARG = f"--mlm-teacher-dir {shlex.quote(str(MLM_TEACHER))}" if AUGMENT else ""
+# Every local file or folder the config names must exist, whatever outputs already do: a missing one stops the
+# run here with its key (Snakemake would otherwise keep going on an old build without a word).
+check_local_files(CFG)
+LOCAL_PATHS = configured_local_paths(CFG)
 # The student the SQuAD stages start from: distilled here (rule distill_pretrain), or student.pretrained (a hub
 # name or a folder), which skips init_student and distill_pretrain.
 STUDENT_DISTILLED_HERE = CFG.student.pretrained is None
 SQUAD_STUDENT = f"{ROOT}/distill_pretrain/main" if STUDENT_DISTILLED_HERE else CFG.student.pretrained
-SQUAD_STUDENT_INPUT = [SQUAD_STUDENT] if STUDENT_DISTILLED_HERE else []
+# A local folder is an input too (an edit reruns the SQuAD stages); a hub name is not a file.
+SQUAD_STUDENT_INPUT = [SQUAD_STUDENT] if STUDENT_DISTILLED_HERE or "student.pretrained" in LOCAL_PATHS else []
 # Pretraining-distillation variants: the configured student, and the random-init ablation with the same budget
 # (evidence, built by target `study`).
 STUDENT_VARIANTS = ["main"] + (["random_init_ablation"] if CFG.distill_pretrain.run_random_init_ablation else [])
 
-# Every local file or folder the config names must exist, whatever outputs already do: a missing one stops the
-# run here with its key (Snakemake would otherwise keep going on an old build without a word).
-check_local_files(CFG)
 # Local SQuAD and corpus files are inputs: editing one reruns what depends on it.
 DATA_FILES = local_data_files(CFG.data.squad, CFG.data.squad_dev, CFG.data.corpus)
 # A local corpus file is read where it is by tokenizer and tokenize_corpus: an edit reruns them.

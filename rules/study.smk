@@ -6,7 +6,8 @@
 rule study:
     input:
         f"{ROOT}/study/summary.json",
-        expand(f"{ROOT}/distill_pretrain/{{variant}}", variant=STUDENT_VARIANTS),
+        # the random-init ablation of distill_pretrain, unless the student is pretrained elsewhere (student.pretrained)
+        expand(f"{ROOT}/distill_pretrain/{{variant}}", variant=STUDENT_VARIANTS if STUDENT_DISTILLED_HERE else []),
 
 
 rule study_run:

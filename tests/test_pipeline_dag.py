@@ -176,6 +176,10 @@ def test_every_trained_model_and_the_bundle_has_a_model_card_with_its_measured_s
         card = ModelCard.load(dag_outputs / folder / "README.md")
         metrics = read_metrics(dag_outputs / folder)
         assert card.data.pipeline_tag == task, folder
+        # the synthetic world and corpus have no hub ids, and every model here was built from scratch
+        assert card.data.license == "apache-2.0" and card.data.datasets is None and card.data.base_model is None
+        assert {r.dataset_type for r in card.data.eval_results} == {
+            "mlm-corpus" if task == "fill-mask" else "synthetic-squad"}, folder
         assert {r.metric_type: r.metric_value for r in card.data.eval_results} == {
             metric: metrics[key] for metric, key in keys.items()}, folder
 

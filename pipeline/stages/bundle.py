@@ -228,7 +228,7 @@ def run(cfg: PipelineConfig, quantized_dir: Path, coreml_dir: Path, model_dir: P
         }
         atomic_write_json(tmp / "metrics.json", metrics)
         readme = app_readme(config, metrics, worked_example(answerer, examples[0]))
-        write_model_card(bundle_card(cfg, metrics, readme), tmp)  # the app README with model-card metadata
+        write_model_card(bundle_card(cfg, metrics, readme, model_dir, data_dir), tmp)  # the app README with model-card metadata
         atomic_write_json(tmp / "manifest.json", {
             "files": files_manifest(tmp),
             "library_versions": library_versions(LIBRARIES),

@@ -141,7 +141,7 @@ def run(
         tokenizer.save_pretrained(tmp)
         shutil.copy(work_dir / "train_log.jsonl", tmp / "train_log.jsonl")
         atomic_write_json(tmp / "metrics.json", metrics)
-        write_model_card(mlm_student_card(cfg, metrics, str(teacher_source)), tmp)
+        write_model_card(mlm_student_card(cfg, metrics, student_dir, str(teacher_source), corpus_dir, str(out_dir)), tmp)
     logger.info("distill_pretrain: %s", json.dumps(metrics))
     return metrics
 

@@ -64,9 +64,9 @@ def check_same_vocabulary(student_tokenizer, student_source: str | Path, teacher
     teacher_vocab = AutoTokenizer.from_pretrained(teacher_dir).get_vocab()
     if student_vocab != teacher_vocab:
         differing = sorted(set(student_vocab.items()) ^ set(teacher_vocab.items()), key=str)[:3]
-        raise ConfigError(f"student.pretrained: the student {student_source} and the teacher {teacher_dir} have "
+        raise ConfigError(f"distill_squad: the student {student_source} and the teacher {teacher_dir} have "
                           f"different vocabularies ({len(student_vocab)} and {len(teacher_vocab)} tokens; e.g. "
-                          f"{differing}): distill from a teacher with the student's tokenizer")
+                          f"{differing}): student.pretrained must use the teacher's tokenizer")
 
 
 def distillation_plan(cfg: DistillSquadConfig, student_config, teacher_config) -> dict:
@@ -420,7 +420,7 @@ def run(
     local_student = Path(student_dir).exists()
     run_id = fingerprint(
         "distill_squad" if teacher else "student_finetune", to_plain(dcfg), to_plain(cfg.squad), cfg.seed,
-        *([] if local_student else [f"hub student {student_dir}"]),
+        *([] if local_student else [f"hub student {student_dir}", getattr(student.config, "_commit_hash", None)]),
         files=[data_dir / "train.jsonl", *([student_dir] if local_student else []),
                *([teacher_dir] if teacher_dir else []), *local_mlm],
     )
@@ -496,8 +496,7 @@ def run(
         atomic_write_json(tmp / "predictions.json", predictions)
         write_combined_log(work_dir, [phase for phase, _ in phases], tmp / "train_log.jsonl")
         atomic_write_json(tmp / "metrics.json", metrics)
-        write_model_card(qa_student_card(cfg, metrics, str(teacher_dir) if teacher is not None else None,
-                                         out_dir.name), tmp)
+        write_model_card(qa_student_card(cfg, metrics, student_dir, teacher_dir, data_dir, str(out_dir)), tmp)
     logger.info("%s: %s", "distill_squad" if teacher else "student_finetune", json.dumps(metrics))
     return metrics
 

@@ -95,7 +95,7 @@ def run_pretrain(cfg: PipelineConfig, corpus_dir: Path, tokenizer_dir: Path, out
         tokenizer.save_pretrained(tmp)
         shutil.copy(work_dir / "train_log.jsonl", tmp / "train_log.jsonl")
         atomic_write_json(tmp / "metrics.json", metrics)
-        write_model_card(mlm_teacher_card(cfg, metrics), tmp)
+        write_model_card(mlm_teacher_card(cfg, metrics, corpus_dir, str(out_dir)), tmp)
     logger.info("teacher_pretrain: %s", json.dumps(metrics))
     return metrics
 
@@ -152,7 +152,8 @@ def run_finetune(
         if (work_dir / "train_log.jsonl").is_file():
             shutil.copy(work_dir / "train_log.jsonl", tmp / "train_log.jsonl")
         atomic_write_json(tmp / "metrics.json", metrics)
-        write_model_card(qa_teacher_card(cfg, metrics), tmp)
+        write_model_card(qa_teacher_card(cfg, metrics, data_dir, pretrained_dir or cfg.teacher.pretrained,
+                                         str(out_dir)), tmp)
     logger.info("teacher_finetune: %s", json.dumps(metrics))
     return metrics
 
