@@ -138,4 +138,3 @@ def test_a_timing_process_starts_without_torch_or_the_export_libraries():
     completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
                                cwd=PROJECT_ROOT)
     assert completed.stdout.strip() == "[]"
-

@@ -182,4 +182,3 @@ def test_every_trained_model_and_the_bundle_has_a_model_card_with_its_measured_s
             "mlm-corpus" if task == "fill-mask" else "synthetic-squad"}, folder
         assert {r.metric_type: r.metric_value for r in card.data.eval_results} == {
             metric: metrics[key] for metric, key in keys.items()}, folder
-

@@ -145,4 +145,3 @@ def test_a_pretrained_student_skips_pretraining_distillation(tmp_path):
     squad_stages = [words for words in shell_commands(completed.stdout) if "distill-squad" in words]
     assert len(squad_stages) == 2
     assert all(words[words.index("--student-dir") + 1] == str(student) for words in squad_stages)
-
