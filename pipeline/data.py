@@ -124,13 +124,8 @@ def local_data_files(squad: str, squad_dev: str | None, corpus: str) -> list[str
 
     The Snakefile declares them as inputs of prepare_data, tokenizer and tokenize_corpus: an edited file reruns what
     depends on it (check_local_files reports a missing one)."""
-    def is_local(source: str | None) -> bool:
-        if not source or source in ("synthetic", "squad_contexts"):
-            return False
-        return looks_like_a_path(source) or source.endswith(".txt") or Path(source).exists()
-
-    squad_files = [squad, squad_dev] if is_local(squad) else []  # squad_dev is read only beside a local squad
-    return [source for source in squad_files + [corpus] if is_local(source)]
+    squad_files = [squad, squad_dev] if names_a_local_path(squad) else []  # squad_dev is read only beside a local squad
+    return [source for source in squad_files + [corpus] if names_a_local_path(source)]
 
 
 def configured_local_paths(cfg: PipelineConfig) -> dict[str, str]:
@@ -143,9 +138,7 @@ def configured_local_paths(cfg: PipelineConfig) -> dict[str, str]:
         "export.full_size.distilbert_pretrained": cfg.export.full_size.distilbert_pretrained,
         "export.full_size.bert_base_pretrained": cfg.export.full_size.bert_base_pretrained,
     }
-    return {key: source for key, source in sources.items()
-            if source and source not in ("synthetic", "squad_contexts")
-            and (looks_like_a_path(source) or source.endswith(".txt") or Path(source).exists())}
+    return {key: source for key, source in sources.items() if names_a_local_path(source)}
 
 
 def check_local_files(cfg: PipelineConfig) -> None:
@@ -154,6 +147,13 @@ def check_local_files(cfg: PipelineConfig) -> None:
     missing = [f"{key}: {path}" for key, path in configured_local_paths(cfg).items() if not Path(path).exists()]
     if missing:
         raise DataError("no such file or directory: " + "; ".join(missing))
+
+
+def names_a_local_path(source: str | None) -> bool:
+    """True when a config value names a file or folder here, not 'synthetic', 'squad_contexts' or a hub name."""
+    if not source or source in ("synthetic", "squad_contexts"):
+        return False
+    return looks_like_a_path(source) or source.endswith(".txt") or Path(source).exists()
 
 
 def looks_like_a_path(source: str) -> bool:

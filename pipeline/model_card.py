@@ -8,15 +8,14 @@ so `huggingface_hub.upload_folder` of the folder publishes a correct card.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from pipeline.artifacts import atomic_write_text, cpu_description, library_versions, read_json, to_plain
+from pipeline.artifacts import atomic_write_text, config_sha256, cpu_description, library_versions, read_json
 from pipeline.config import PipelineConfig
+from pipeline.data import names_a_local_path
 
 LICENSE = "apache-2.0"  # the project's license (pyproject.toml); the data's own licenses are named in the body
 CARD_FILE = "README.md"
@@ -29,11 +28,6 @@ class Score:
     metric: str
     value: float
     name: str
-
-
-def config_hash(cfg: PipelineConfig) -> str:
-    """sha256 of the config a stage ran with: the sections it reads, every other key at its default."""
-    return hashlib.sha256(json.dumps(to_plain(cfg), sort_keys=True).encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -54,7 +48,7 @@ def squad_dataset(data_dir: Path, n_questions: int | None = None) -> Dataset:
     if source == "synthetic":
         return Dataset(None, "synthetic-squad", "synthetic SQuAD-format world (generated offline, data.synthetic)",
                        split)
-    if Path(source).suffix in (".json", ".jsonl") or "/" in source and Path(source).exists():
+    if names_a_local_path(source):
         return Dataset(None, "local-squad", f"local SQuAD file {Path(source).name}", split)
     return Dataset(source, source, f"{source} (Hugging Face hub)", split)
 
@@ -73,17 +67,12 @@ def corpus_dataset(corpus_dir: Path) -> Dataset:
 def base_model_of(source: str | Path | None) -> str | None:
     """The hub model a model was built from: `source` itself when it names a hub model, else the base_model in the
     card of the local folder `source` (cards chain: the bundle's goes back through the student to a hub teacher)."""
-    from pipeline.data import looks_like_a_path
-
     if not source:
         return None
-    path = Path(source)
-    if path.is_dir():
-        card = path / CARD_FILE
-        return ModelCard.load(card).data.base_model if card.is_file() else None
-    if looks_like_a_path(str(source)):
-        return None
-    return str(source)
+    if not names_a_local_path(str(source)):
+        return str(source)
+    card = Path(source) / CARD_FILE
+    return ModelCard.load(card).data.base_model if card.is_file() else None
 
 
 def model_card(cfg: PipelineConfig, *, title: str, summary: str, task: str, scores: list[Score],
@@ -115,7 +104,8 @@ def model_card(cfg: PipelineConfig, *, title: str, summary: str, task: str, scor
     else:
         lines = [body.rstrip(), ""]
     lines += ["## How it was built", "",
-              f"- config sha256: `{config_hash(cfg)}` (the config sections this stage read)",
+              # the config a stage ran with: the sections it reads, every other key at its default
+              f"- config sha256: `{config_sha256(cfg)}` (the config sections this stage read)",
               f"- machine: {machine['model_name']} ({', '.join(machine['simd_flags']) or 'no SIMD flags read'})"]
     lines += [f"- {key}: {value}" for key, value in (build or {}).items()]
     versions = library_versions()
@@ -225,8 +215,8 @@ def mlm_student_card(cfg: PipelineConfig, metrics: dict, student_dir: Path, teac
         where_measured=(f"distill_pretrain, the same {metrics['n_heldout_masked_tokens']} masked tokens of held-out "
                         f"documents as the teacher's {metrics['teacher_mlm_accuracy']}"),
         usage=mlm_usage(folder),
-        build={"teacher": teacher, "training tokens": metrics["n_train_tokens"], "optimizer steps": metrics.get("steps"),
-               "trained on": training_device(metrics)})
+        build={"teacher": teacher, "training tokens": metrics["n_train_tokens"],
+               "optimizer steps": metrics.get("steps"), "trained on": training_device(metrics)})
 
 
 def qa_student_card(cfg: PipelineConfig, metrics: dict, student: str | Path, teacher: str | Path | None,

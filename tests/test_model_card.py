@@ -6,6 +6,7 @@ import json
 from huggingface_hub import ModelCard
 
 from pipeline import model_card
+from pipeline.artifacts import config_sha256
 from tests.stage_fixtures import tiny_config
 
 QA_METRICS = {"exact_match": 81.25, "f1": 88.5, "n_examples": 16, "steps": 40, "objectives": ["tinybert"],
@@ -42,7 +43,7 @@ def test_a_student_card_carries_its_measured_scores_its_data_and_how_it_was_buil
     assert card.data.datasets == ["squad"]  # read from data/metrics.json, not from the config's default
     assert {result.dataset_type for result in card.data.eval_results} == {"squad"}
     assert card.data.base_model is None  # a student distilled from a teacher built here
-    assert model_card.config_hash(cfg) in card.text and "tinybert" in card.text and "98.3%" in card.text
+    assert config_sha256(cfg) in card.text and "tinybert" in card.text and "98.3%" in card.text
     assert "- trained on: cpu" in card.text and "- machine: " in card.text
 
 

@@ -25,6 +25,7 @@ from pipeline import onnx_qa
 from pipeline.artifacts import (
     atomic_output_dir,
     atomic_write_json,
+    config_sha256,
     directory_size_bytes,
     files_manifest,
     library_versions,
@@ -36,7 +37,7 @@ from pipeline.artifacts import (
 )
 from pipeline.config import PipelineConfig, config_from_json
 from pipeline.gates import GateError, compressed_model_report, gate_questions, raise_for_failures
-from pipeline.model_card import bundle_card, config_hash, write_model_card
+from pipeline.model_card import bundle_card, write_model_card
 
 logger = logging.getLogger(__name__)
 
@@ -232,7 +233,7 @@ def run(cfg: PipelineConfig, quantized_dir: Path, coreml_dir: Path, model_dir: P
         atomic_write_json(tmp / "manifest.json", {
             "files": files_manifest(tmp),
             "library_versions": library_versions(LIBRARIES),
-            "config_sha256": config_hash(cfg),
+            "config_sha256": config_sha256(cfg),
             "built_from": {"quantized": str(quantized_dir), "coreml": str(coreml_dir), "model": str(model_dir)},
         })
         verify_manifest(tmp)
