@@ -535,8 +535,11 @@ class BenchmarkConfig:
         False, "Also time the full-size DistilBERT int8-optimized graph in JavaScript (about a minute more on 2 cores).")
     timed_full_size: list[str] = option(
         ["bert-base/pytorch-fp32", "bert-base/onnx-int8-optimized", "distilbert/pytorch-fp32", "distilbert/onnx-fp32",
-         "distilbert/onnx-int8", "distilbert/onnx-int8-optimized"],
-        "Full-size artifacts that are timed (each takes tens of seconds); the others get sizes only.",
+         "distilbert/onnx-int8", "distilbert/onnx-int8-optimized", "distilbert/torch-dynamic-int8",
+         "distilbert/onnx-ortquantizer-int8"],
+        "Full-size artifacts that are timed (each takes tens of seconds); the others get sizes only. The peers "
+        "(<architecture>/torch-dynamic-int8, <architecture>/onnx-ortquantizer-int8: pipeline.export.peers) are "
+        "built and timed only when named here.",
     )
 
     def __post_init__(self) -> None:

@@ -47,6 +47,7 @@ from pipeline.latency import cpu_description, onnx_session, synthetic_feed
 logger = logging.getLogger(__name__)
 
 COREML_UNTIMED = "CoreML prediction runs only on macOS; this benchmark ran on Linux"
+TORCH_DYNAMIC_INT8 = "int8-dynamic"  # precision of the PyTorch dynamic-quantization peer
 
 
 # ------------------------------------------------------------------------------------------------ inventory
@@ -164,13 +165,49 @@ def time_pytorch(model, sequence_length: int, threads: int, vocab_size: int, cfg
         return timed(lambda: model(**inputs), cfg)
 
 
+def load_pytorch(item: dict):
+    """The artifact's PyTorch model: the fp32 folder, dynamically quantized on item["engine"] for the torch peer."""
+    from transformers import AutoModelForQuestionAnswering
+
+    model = AutoModelForQuestionAnswering.from_pretrained(Path(item["path"]).parent).eval()
+    if item.get("precision") == TORCH_DYNAMIC_INT8:
+        from pipeline.export import peers
+
+        model = peers.torch_dynamic_int8(model, item["engine"])
+    return model
+
+
+def search_torch_engine(item: dict, cfg: BenchmarkConfig) -> dict:
+    """The torch peer on every quantized engine this torch build has, timed round-robin at the longest length with
+    1 thread (cfg.search_runs each after cfg.warmup), so drift in machine speed hits every engine alike."""
+    import torch
+
+    from pipeline.export import peers
+
+    torch.set_num_threads(1)
+    fp32 = load_pytorch({**item, "precision": "fp32"})
+    models = {engine: peers.torch_dynamic_int8(fp32, engine) for engine in peers.torch_engines()}
+    length = min(max(cfg.sequence_lengths), item["max_positions"])
+    generator = torch.Generator().manual_seed(0)
+    inputs = {"input_ids": torch.randint(5, item["vocab_size"], (1, length), generator=generator),
+              "attention_mask": torch.ones(1, length, dtype=torch.long)}
+    times: dict[str, list[float]] = {engine: [] for engine in models}
+    with torch.inference_mode():
+        for run_index in range(cfg.warmup + cfg.search_runs):
+            for engine, model in models.items():
+                torch.backends.quantized.engine = engine
+                start = time.perf_counter()
+                model(**inputs)
+                if run_index >= cfg.warmup:
+                    times[engine].append((time.perf_counter() - start) * 1000)
+    engines = {engine: percentiles(t) for engine, t in times.items()}
+    return {"sequence_length": length, "threads": 1, "runs": cfg.search_runs, "engines": engines,
+            "choice": min(engines, key=lambda engine: engines[engine]["p50"])}
+
+
 def measure_in_this_process(item: dict, cfg: BenchmarkConfig) -> dict:
     """Latency per length and thread count; runs inside the worker process whose peak memory is recorded."""
-    model = None
-    if item["format"] == "pytorch":
-        from transformers import AutoModelForQuestionAnswering
-
-        model = AutoModelForQuestionAnswering.from_pretrained(Path(item["path"]).parent).eval()
+    model = load_pytorch(item) if item["format"] == "pytorch" else None
     latency: dict = {}
     option_set = item.get("session_options") or "default"
     for length in cfg.sequence_lengths:
@@ -188,17 +225,22 @@ def measure_in_this_process(item: dict, cfg: BenchmarkConfig) -> dict:
     return latency
 
 
-def measure(item: dict, cfg: BenchmarkConfig) -> tuple[dict, float | None]:
-    """Run the timing in a fresh process; returns its latencies and its peak resident memory in MB."""
+def in_worker(item: dict, cfg: BenchmarkConfig, task: str = "latency") -> dict:
+    """Run `task` on the artifact in a fresh process; returns what it wrote (see worker_main)."""
     with tempfile.TemporaryDirectory() as scratch:
-        out = Path(scratch) / "latency.json"
+        out = Path(scratch) / "result.json"
         command = [sys.executable, "-m", "pipeline.stages.benchmark", "--worker", json.dumps(item),
-                   "--benchmark-json", json.dumps(cfg.__dict__), "--out", str(out)]
+                   "--benchmark-json", json.dumps(cfg.__dict__), "--task", task, "--out", str(out)]
         completed = subprocess.run(command)
         if completed.returncode != 0 or not out.is_file():
-            raise RuntimeError(f"timing {item['name']} failed (exit code {completed.returncode}); see the log above")
-        result = read_json(out)
-        return result["latency_ms"], result["peak_rss_mb"]
+            raise RuntimeError(f"{task} of {item['name']} failed (exit code {completed.returncode}); see the log above")
+        return read_json(out)
+
+
+def measure(item: dict, cfg: BenchmarkConfig) -> tuple[dict, float | None]:
+    """Run the timing in a fresh process; returns its latencies and its peak resident memory in MB."""
+    result = in_worker(item, cfg)
+    return result["latency_ms"], result["peak_rss_mb"]
 
 
 def peak_rss_mb() -> float | None:
@@ -322,6 +364,41 @@ def optimized_int8_artifacts(root: Path, cfg: PipelineConfig, search: dict, tmp:
     return items
 
 
+def peer_artifacts(root: Path, cfg: PipelineConfig, tmp: Path) -> list[dict]:
+    """The int8 paths a user would otherwise pick (pipeline.export.peers), for each full-size architecture whose
+    peers benchmark.timed_full_size names; built here, timed like every artifact. Their "ours" is the architecture's
+    onnx-int8-optimized graph, the one their latency is compared with."""
+    from pipeline.export import peers
+
+    bcfg = cfg.benchmark
+    items = []
+    for architecture in cfg.export.full_size.architectures:
+        folder = root / "full_size" / architecture
+        max_positions, vocab_size = model_shape(folder / "pytorch" / "config.json")
+        shape = {"max_positions": max_positions, "vocab_size": vocab_size}
+        ours = f"{architecture}/onnx-int8-optimized"
+        if f"{architecture}/{peers.TORCH_PEER}" in bcfg.timed_full_size:
+            item = artifact(f"{architecture}/{peers.TORCH_PEER}", architecture, "pytorch", TORCH_DYNAMIC_INT8,
+                            folder / "pytorch" / "model.safetensors", **shape)
+            logger.info("timing %s on every quantized engine", item["name"])
+            search = in_worker(item, bcfg, "torch-engine-search")
+            item.update(engine=search["choice"], engine_search=search, peer_of=ours,
+                        tool=f"torch.ao.quantization.quantize_dynamic (nn.Linear, qint8, engine {search['choice']})")
+            item["size_mb"] = in_worker(item, bcfg, "torch-peer-size")["size_mb"]  # the quantized state_dict
+            items.append(item)
+        if f"{architecture}/{peers.ORT_PEER}" in bcfg.timed_full_size:
+            preset = peers.ort_preset(cpu_description()["simd_flags"])
+            logger.info("building %s/%s with the %s preset", architecture, peers.ORT_PEER, preset)
+            path, settings = peers.build_ortquantizer_int8(folder / "onnx" / "fp32", tmp / "peers" / architecture,
+                                                           preset)
+            item = artifact(f"{architecture}/{peers.ORT_PEER}", architecture, "onnx", f"int8-ortquantizer-{preset}",
+                            path, **shape)
+            item.update(peer_of=ours, quantization=settings,
+                        tool=f"optimum ORTQuantizer, AutoQuantizationConfig.{preset}(is_static=False)")
+            items.append(item)
+    return items
+
+
 # ------------------------------------------------------------------------------------------------------ run
 
 
@@ -339,6 +416,7 @@ def run(cfg: PipelineConfig, root: Path, out_dir: Path) -> dict:
 
             int8_search = int8.search_int8(root, cfg)
             items += optimized_int8_artifacts(root, cfg, int8_search, tmp)
+        items += peer_artifacts(root, cfg, tmp)
         for item in items:
             if not item["timed"]:
                 item["latency_ms"], item["peak_rss_mb"] = None, None
@@ -389,11 +467,18 @@ def machine_description() -> dict:
             "python": sys.version.split()[0], "versions": versions}
 
 
-def worker_main(item_json: str, benchmark_json: str, out: Path) -> int:
+def worker_main(item_json: str, benchmark_json: str, task: str, out: Path) -> int:
     item = json.loads(item_json)
     cfg = BenchmarkConfig(**json.loads(benchmark_json))
-    latency = measure_in_this_process(item, cfg)
-    atomic_write_json(out, {"latency_ms": latency, "peak_rss_mb": peak_rss_mb()})
+    if task == "torch-engine-search":
+        atomic_write_json(out, search_torch_engine(item, cfg))
+    elif task == "torch-peer-size":
+        from pipeline.export import peers
+
+        atomic_write_json(out, {"size_mb": peers.state_dict_megabytes(load_pytorch(item))})
+    else:
+        latency = measure_in_this_process(item, cfg)
+        atomic_write_json(out, {"latency_ms": latency, "peak_rss_mb": peak_rss_mb()})
     return 0
 
 
@@ -405,10 +490,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out-dir", type=Path)
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # internal: time one artifact in this process
     parser.add_argument("--benchmark-json", help=argparse.SUPPRESS)
+    parser.add_argument("--task", default="latency", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        return worker_main(args.worker, args.benchmark_json, args.out)
+        return worker_main(args.worker, args.benchmark_json, args.task, args.out)
     if not (args.config_json and args.root and args.out_dir):
         parser.error("--config-json, --root and --out-dir are required")
     setup_logging()

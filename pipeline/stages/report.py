@@ -92,7 +92,50 @@ def summary(cfg: PipelineConfig, root: Path, benchmark: dict) -> dict:
             "latency_ms": floor["latency_ms"]["p50"], "ratio": ratio(model_ms, floor["latency_ms"]["p50"]),
         },
         "ratios": ratios,
+        "peers": peer_comparison(benchmark, cfg),
     }
+
+
+def peer_comparison(benchmark: dict, cfg: PipelineConfig) -> list[dict]:
+    """Each peer (rule benchmark's "peer_of" artifacts) beside our int8 graph of the same architecture: p50 at every
+    length and thread count, and peer / ours (above 1: ours is faster; sizes likewise)."""
+    by_name = {item["name"]: item for item in benchmark["artifacts"]}
+    rows = []
+    for peer in benchmark["artifacts"]:
+        if not peer.get("peer_of"):
+            continue
+        ours = by_name.get(peer["peer_of"]) or {}
+        latency = {}
+        for length in cfg.benchmark.sequence_lengths:
+            for threads in cfg.benchmark.threads:
+                peer_ms, ours_ms = p50(by_name, peer["name"], length, threads), p50(by_name, peer["peer_of"], length, threads)
+                if peer_ms is not None and ours_ms is not None:
+                    latency.setdefault(f"seq{length}", {})[f"threads{threads}"] = {
+                        "peer_p50": peer_ms, "ours_p50": ours_ms, "ratio": ratio(peer_ms, ours_ms)}
+        rows.append({"name": peer["name"], "tool": peer["tool"], "ours": peer["peer_of"], "size_mb": peer["size_mb"],
+                     "ours_size_mb": ours.get("size_mb"), "size_ratio": ratio(peer["size_mb"], ours.get("size_mb")),
+                     "latency": latency})
+    return rows
+
+
+def peer_verdict(row: dict) -> str:
+    """One plain sentence: where ours is faster than this peer and by how much, and where it is not."""
+    points = [(key, threads, cell["ratio"]) for key, by_threads in row["latency"].items()
+              for threads, cell in by_threads.items()]
+    if not points:
+        return f"- {row['name']}: not timed against {row['ours']}."
+    label = lambda key, threads: f"seq {key[3:]}, {threads[7:]} thr"  # noqa: E731
+    ahead = [(label(k, t), r) for k, t, r in points if r > 1]
+    behind = [(label(k, t), r) for k, t, r in points if r <= 1]
+    if not behind:
+        text = (f"{row['ours']} is faster at all {len(points)} length/thread points: {row['name']} takes "
+                f"{min(r for _, r in ahead):.2f}x to {max(r for _, r in ahead):.2f}x its time")
+    else:
+        text = (f"{row['ours']} is faster at {len(ahead)} of {len(points)} points and **not faster** at "
+                + ", ".join(f"{where} ({r:.2f}x)" for where, r in behind))
+    size = row["size_ratio"]
+    size_text = "" if size is None else f"; {row['name']} is {size:.2f}x its size on disk"
+    return f"- {row['name']} ({row['tool']}): {text}{size_text}."
 
 
 # --------------------------------------------------------------------------------------------------- goals
@@ -341,6 +384,27 @@ def search_section(search: dict) -> list[str]:
     return lines + [""]
 
 
+def peer_section(rows: list[dict], cfg: PipelineConfig) -> list[str]:
+    lengths, threads = cfg.benchmark.sequence_lengths, cfg.benchmark.threads
+    columns = [f"seq {n}, {t} thr" for n in lengths for t in threads]
+    lines = ["## Peers: the int8 paths a user would otherwise pick, timed in the same run", "",
+             "Each cell: the peer's p50 ms / ours (the same architecture's onnx-int8-optimized) p50 ms = ratio "
+             f"(above 1: ours is faster). p50 over {cfg.benchmark.runs} timed runs each; the p90 of every artifact is "
+             "in the full-size table above.", "",
+             "| peer | vs | MB (peer / ours) | " + " | ".join(columns) + " |",
+             "|---|---|---|" + "---|" * len(columns)]
+    for row in rows:
+        cells = []
+        for n in lengths:
+            for t in threads:
+                cell = (row["latency"].get(f"seq{n}") or {}).get(f"threads{t}")
+                cells.append("n/a" if cell is None else f"{cell['peer_p50']:.1f} / {cell['ours_p50']:.1f} = "
+                                                        f"{cell['ratio']:.2f}x")
+        lines.append(f"| {row['name']} | {row['ours']} | {fmt(row['size_mb'], 1)} / {fmt(row['ours_size_mb'], 1)} | "
+                     + " | ".join(cells) + " |")
+    return lines + [""] + [peer_verdict(row) for row in rows] + [""]
+
+
 def report_markdown(cfg: PipelineConfig, summary_data: dict, benchmark: dict, goal_rows: list[dict]) -> str:
     machine = summary_data["machine"]
     longest = max(cfg.benchmark.sequence_lengths)
@@ -380,6 +444,8 @@ def report_markdown(cfg: PipelineConfig, summary_data: dict, benchmark: dict, go
                           f"seq {floor['sequence_length']}, 1 thread: {floor['latency_ms']:.1f} ms; "
                           f"distilbert/onnx-int8-optimized / floor = {fmt(floor['ratio'], 2)}."]
         lines.append("")
+    if summary_data["peers"]:
+        lines += peer_section(summary_data["peers"], cfg)
     if benchmark.get("int8_search"):
         lines += search_section(benchmark["int8_search"])
     lines += ["## Goals", "", "| goal | target | measured | met |", "|---|---|---|---|"]

@@ -1,0 +1,81 @@
+"""The int8 paths a user would otherwise pick, built so the benchmark can time them beside ours.
+
+- torch-dynamic-int8: PyTorch's dynamic quantization (`torch.ao.quantization.quantize_dynamic` of every Linear
+  layer to qint8) on the quantized engine that is fastest on this CPU: every engine this torch build supports is
+  timed, the benchmark keeps the fastest.
+- onnx-ortquantizer-int8: optimum's `ORTQuantizer` with the `AutoQuantizationConfig` preset for this CPU
+  (avx512_vnni, avx512, avx2 or arm64), dynamic (no calibration data), on optimum's plain fp32 export.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import platform
+from pathlib import Path
+
+TORCH_PEER = "torch-dynamic-int8"
+ORT_PEER = "onnx-ortquantizer-int8"
+PEERS = (TORCH_PEER, ORT_PEER)
+ORT_PEER_FILE = "model_quantized.onnx"  # ORTQuantizer's name for its output (file suffix "quantized")
+
+
+def ort_preset(simd_flags: list[str], machine: str | None = None) -> str:
+    """The AutoQuantizationConfig preset for this CPU, as optimum's documentation picks it: the widest int8 path
+    the CPU has."""
+    machine = (machine or platform.machine()).lower()
+    if machine in ("aarch64", "arm64"):
+        return "arm64"
+    if "avx512_vnni" in simd_flags:
+        return "avx512_vnni"
+    if "avx512f" in simd_flags:
+        return "avx512"
+    if "avx2" in simd_flags:
+        return "avx2"
+    raise ValueError(f"no AutoQuantizationConfig preset for this CPU ({machine}, SIMD flags {simd_flags})")
+
+
+def build_ortquantizer_int8(fp32_onnx_dir: Path, out_dir: Path, preset: str) -> tuple[Path, dict]:
+    """optimum's dynamic int8 quantization of fp32_onnx_dir/model.onnx into out_dir; returns the graph's path and the
+    quantization settings the preset chose."""
+    from optimum.onnxruntime import ORTQuantizer
+    from optimum.onnxruntime.configuration import AutoQuantizationConfig
+
+    quantization_config = getattr(AutoQuantizationConfig, preset)(is_static=False)
+    quantizer = ORTQuantizer.from_pretrained(fp32_onnx_dir, file_name="model.onnx")
+    root_logger = logging.getLogger()
+    level = root_logger.level
+    root_logger.setLevel(logging.WARNING)  # onnxruntime's quantizer logs one INFO line per unquantized tensor
+    try:
+        quantizer.quantize(quantization_config=quantization_config, save_dir=out_dir)
+    finally:
+        root_logger.setLevel(level)
+    settings = {"preset": preset, "is_static": False, "per_channel": quantization_config.per_channel,
+                "reduce_range": quantization_config.reduce_range, "format": quantization_config.format.name,
+                "weights_dtype": quantization_config.weights_dtype.name,
+                "activations_dtype": quantization_config.activations_dtype.name}
+    return out_dir / ORT_PEER_FILE, settings
+
+
+def torch_engines() -> list[str]:
+    """The quantized engines this torch build can run (x86, fbgemm, onednn, qnnpack, ...)."""
+    import torch
+
+    return [engine for engine in torch.backends.quantized.supported_engines if engine != "none"]
+
+
+def torch_dynamic_int8(model, engine: str):
+    """A copy of `model` with every Linear layer dynamically quantized to qint8, its weights packed for `engine`."""
+    import torch
+
+    torch.backends.quantized.engine = engine  # the weights are packed for the engine set when quantizing
+    return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+
+
+def state_dict_megabytes(model) -> float:
+    """Size of the model's state_dict as torch.save writes it (the file a user would ship), in MB = 10^6 bytes."""
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(model.state_dict(), buffer)
+    return round(buffer.tell() / 1e6, 3)

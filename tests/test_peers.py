@@ -1,0 +1,131 @@
+"""The peers (pipeline.export.peers) and how the benchmark and report set them beside our int8 graph."""
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from pipeline.export import onnx_graph, peers
+from pipeline.stages import benchmark, report
+from tests.stage_fixtures import tiny_config
+
+
+@pytest.fixture(scope="module")
+def tiny_full_size(tmp_path_factory):
+    """A stand-in for export_full_size's folder: a small DistilBERT QA model and optimum's fp32 export of it."""
+    from transformers import DistilBertConfig, DistilBertForQuestionAnswering
+
+    root = tmp_path_factory.mktemp("peers")
+    folder = root / "full_size" / "distilbert"
+    torch.manual_seed(0)
+    model = DistilBertForQuestionAnswering(DistilBertConfig(vocab_size=200, dim=64, n_layers=2, n_heads=2,
+                                                            hidden_dim=128, max_position_embeddings=128))
+    model.save_pretrained(folder / "pytorch")
+    onnx_graph.export_fp32(folder / "pytorch", folder / "onnx" / "fp32", None)
+    return root
+
+
+def test_the_ort_preset_is_the_widest_int8_path_of_the_cpu():
+    assert peers.ort_preset(["avx2", "avx512_vnni", "avx512f"], "x86_64") == "avx512_vnni"
+    assert peers.ort_preset(["avx2", "avx512f"], "x86_64") == "avx512"
+    assert peers.ort_preset(["avx", "avx2", "fma"], "x86_64") == "avx2"
+    assert peers.ort_preset(["asimd"], "aarch64") == "arm64"
+    with pytest.raises(ValueError, match="no AutoQuantizationConfig preset"):
+        peers.ort_preset(["sse4_2"], "x86_64")
+
+
+def test_ortquantizer_peer_quantizes_every_matmul_and_keeps_the_answers_close(tiny_full_size, tmp_path):
+    from pipeline.latency import onnx_session, synthetic_feed
+
+    fp32_dir = tiny_full_size / "full_size" / "distilbert" / "onnx" / "fp32"
+    path, settings = peers.build_ortquantizer_int8(fp32_dir, tmp_path / "ort", "avx2")
+    assert settings["preset"] == "avx2" and settings["is_static"] is False
+    ops = [node.op_type for node in onnx.load(str(path)).graph.node]
+    assert "MatMul" not in ops and {"DynamicQuantizeLinear", "MatMulInteger"} <= set(ops)
+    assert path.stat().st_size < (fp32_dir / "model.onnx").stat().st_size
+    fp32, quantized = onnx_session(fp32_dir / "model.onnx", 1), onnx_session(path, 1)
+    feed = synthetic_feed(fp32, 48, 200)
+    for expected, got in zip(fp32.run(None, feed), quantized.run(None, feed)):
+        assert np.abs(expected - got).max() < 0.1 * np.abs(expected).max() + 0.05
+
+
+def test_torch_peer_quantizes_every_linear_layer_on_each_engine(tiny_full_size):
+    from transformers import AutoModelForQuestionAnswering
+
+    fp32 = AutoModelForQuestionAnswering.from_pretrained(tiny_full_size / "full_size" / "distilbert" / "pytorch").eval()
+    inputs = {"input_ids": torch.randint(5, 200, (1, 40)), "attention_mask": torch.ones(1, 40, dtype=torch.long)}
+    with torch.inference_mode():
+        expected = fp32(**inputs).start_logits
+    engines = peers.torch_engines()
+    assert engines and "none" not in engines
+    for engine in engines:
+        quantized = peers.torch_dynamic_int8(fp32, engine)
+        assert not any(type(m) is torch.nn.Linear for m in quantized.modules())  # every Linear replaced
+        assert any(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in quantized.modules())
+        with torch.inference_mode():
+            got = quantized(**inputs).start_logits
+        assert torch.allclose(got, expected, atol=0.1 * float(expected.abs().max()) + 0.05), engine
+        assert peers.state_dict_megabytes(quantized) < peers.state_dict_megabytes(fp32)
+    assert all(type(m) is not torch.ao.nn.quantized.dynamic.Linear for m in fp32.modules())  # original untouched
+
+
+def test_the_benchmark_builds_and_times_the_peers_named_in_timed_full_size(tiny_full_size, tmp_path):
+    cfg = tiny_config(export={"full_size": {"architectures": ["distilbert"]}},
+                      benchmark={"sequence_lengths": [32], "threads": [1], "runs": 2, "warmup": 1, "search_runs": 3,
+                                 "timed_full_size": ["distilbert/torch-dynamic-int8",
+                                                     "distilbert/onnx-ortquantizer-int8"]})
+    items = {item["name"]: item for item in benchmark.peer_artifacts(tiny_full_size, cfg, tmp_path)}
+    torch_peer, ort_peer = items["distilbert/torch-dynamic-int8"], items["distilbert/onnx-ortquantizer-int8"]
+    search = torch_peer["engine_search"]
+    assert set(search["engines"]) == set(peers.torch_engines())
+    assert torch_peer["engine"] == min(search["engines"], key=lambda e: search["engines"][e]["p50"])
+    assert torch_peer["size_mb"] > 0 and torch_peer["peer_of"] == ort_peer["peer_of"] == "distilbert/onnx-int8-optimized"
+    assert ort_peer["path"].startswith(str(tmp_path)) and ort_peer["quantization"]["is_static"] is False
+    for item in items.values():
+        latency, rss = benchmark.measure(item, cfg.benchmark)
+        assert latency["seq32"]["threads1"]["p50"] > 0 and rss > 0
+    only_torch = tiny_config(export={"full_size": {"architectures": ["distilbert"]}},
+                             benchmark={"timed_full_size": []})
+    assert benchmark.peer_artifacts(tiny_full_size, only_torch, tmp_path / "none") == []
+
+
+def cell(p50):
+    return {"p50": p50, "p90": p50 * 1.1}
+
+
+def test_the_report_says_where_ours_is_ahead_of_each_peer_and_where_it_is_not():
+    cfg = tiny_config(benchmark={"sequence_lengths": [128, 384], "threads": [1, 2]})
+    ours = {"name": "distilbert/onnx-int8-optimized", "size_mb": 66.0, "latency_ms": {
+        "seq128": {"threads1": cell(30.0), "threads2": cell(20.0)},
+        "seq384": {"threads1": cell(100.0), "threads2": cell(60.0)}}}
+    slower = {"name": "distilbert/onnx-ortquantizer-int8", "tool": "ORTQuantizer", "peer_of": ours["name"],
+              "size_mb": 66.5, "latency_ms": {"seq128": {"threads1": cell(33.0), "threads2": cell(21.0)},
+                                              "seq384": {"threads1": cell(125.0), "threads2": cell(66.0)}}}
+    mixed = {"name": "distilbert/torch-dynamic-int8", "tool": "torch.ao", "peer_of": ours["name"], "size_mb": 132.0,
+             "latency_ms": {"seq128": {"threads1": cell(36.0), "threads2": None},
+                            "seq384": {"threads1": cell(95.0), "threads2": cell(70.0)}}}
+    rows = report.peer_comparison({"artifacts": [ours, slower, mixed]}, cfg)
+    assert [row["name"] for row in rows] == [slower["name"], mixed["name"]]
+    assert rows[0]["latency"]["seq384"]["threads1"] == {"peer_p50": 125.0, "ours_p50": 100.0, "ratio": 1.25}
+    assert rows[1]["size_ratio"] == 2.0 and "threads2" not in rows[1]["latency"]["seq128"]
+    verdicts = [report.peer_verdict(row) for row in rows]
+    assert "faster at all 4 length/thread points" in verdicts[0] and "1.05x to 1.25x" in verdicts[0]
+    assert "faster at 2 of 3 points" in verdicts[1] and "not faster** at seq 384, 1 thr (0.95x)" in verdicts[1]
+    section = "\n".join(report.peer_section(rows, cfg))
+    assert "125.0 / 100.0 = 1.25x" in section and "n/a" in section
+
+
+def test_the_summary_schema_takes_the_peer_rows():
+    import jsonschema
+
+    from tests.conftest import PROJECT_ROOT
+
+    schema = json.loads((PROJECT_ROOT / "configs" / "summary.schema.json").read_text())
+    peer_schema = {**schema["properties"]["peers"], "definitions": schema["definitions"]}
+    row = {"name": "p", "tool": "t", "ours": "o", "size_mb": 1.0, "ours_size_mb": 2.0, "size_ratio": 0.5,
+           "latency": {"seq128": {"threads1": {"peer_p50": 2.0, "ours_p50": 1.0, "ratio": 2.0}}}}
+    jsonschema.validate([row], peer_schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate([{**row, "latency": {"seq128": {"threads1": {"p50": 2.0}}}}], peer_schema)
