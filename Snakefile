@@ -17,16 +17,31 @@ validate(config, str(Path(workflow.basedir) / "configs" / "schema.yaml"))
 include: "rules/common.smk"
 
 
+# What every build delivers: the exports, the full-size references, the bundle and the report.
+DELIVERED = [
+    expand(f"{ROOT}/{{kind}}/{{model}}", kind=["onnx", "quantized", "coreml"], model=list(EXPORTED_MODELS)),
+    expand(f"{ROOT}/full_size/{{architecture}}", architecture=CFG.export.full_size.architectures),
+    f"{ROOT}/bundle",
+    f"{ROOT}/report/summary.json",
+]
+
+
 rule all:
     input:
-        f"{ROOT}/teacher",
-        [f"{ROOT}/distill_pretrain/main"] if STUDENT_DISTILLED_HERE else [],
-        f"{ROOT}/distill_squad",
-        f"{ROOT}/student_finetune",
-        expand(f"{ROOT}/{{kind}}/{{model}}", kind=["onnx", "quantized", "coreml"], model=list(EXPORTED_MODELS)),
-        expand(f"{ROOT}/full_size/{{architecture}}", architecture=CFG.export.full_size.architectures),
-        f"{ROOT}/bundle",
-        f"{ROOT}/report/summary.json",
+        [] if DEPLOYING else [f"{ROOT}/teacher", f"{ROOT}/distill_squad", f"{ROOT}/student_finetune"],
+        [f"{ROOT}/distill_pretrain/main"] if STUDENT_DISTILLED_HERE and not DEPLOYING else [],
+        DELIVERED,
+
+
+def deploy_needs_a_model(wildcards):
+    raise ValueError("target deploy needs deploy.model (a hub name or ./folder of a question-answering model), "
+                     "e.g. --configfile configs/deploy.yaml --config deploy='{model: ./my-qa-model}'")
+
+
+# Deploy an existing QA model as it is: snakemake deploy --configfile configs/deploy.yaml (deploy.model set).
+rule deploy:
+    input:
+        DELIVERED if DEPLOYING else deploy_needs_a_model,
 
 
 include: "rules/data_and_teacher.smk"

@@ -15,6 +15,7 @@ COMMANDS = {
     "init-student": ("pipeline.stages.init_student", "main"),
     "distill-pretrain": ("pipeline.stages.distill_pretrain", "main"),
     "distill-squad": ("pipeline.stages.distill_squad", "main"),
+    "deploy-model": ("pipeline.stages.deploy_model", "main"),
     "export-onnx": ("pipeline.stages.export_onnx", "main"),
     "quantize-onnx": ("pipeline.stages.quantize", "main"),
     "export-coreml": ("pipeline.stages.export_coreml", "main"),

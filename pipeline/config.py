@@ -613,6 +613,17 @@ class StudyConfig:
 
 
 @dataclass
+class DeployConfig:
+    """Target `deploy`: export, quantize, bundle and benchmark an existing question-answering model, no training."""
+
+    model: str | None = option(
+        None, "A question-answering model to deploy as it is: a hub name (e.g. distilbert-base-cased-distilled-squad) "
+        "or a local save_pretrained folder (write ./folder). Set, the DAG trains nothing: its outputs go to "
+        "<output_root>/deploy/<model's last path part>.")
+    revision: str | None = option(None, "Hub revision (branch, tag or commit) of deploy.model; null: the default branch.")
+
+
+@dataclass
 class PipelineConfig:
     """The whole pipeline. Every stage reads the sections it needs."""
 
@@ -629,6 +640,7 @@ class PipelineConfig:
     benchmark: BenchmarkConfig = section(BenchmarkConfig, "Size, accuracy, latency and memory of every artifact.")
     compute: ComputeConfig = section(ComputeConfig, "Scheduler resources per rule.")
     study: StudyConfig = section(StudyConfig, "Multi-seed evidence for the distillation claims (target study).")
+    deploy: DeployConfig = section(DeployConfig, "Deploy an existing QA model as it is (target deploy).")
 
     def __post_init__(self) -> None:
         lengths = self.export.coreml.sequence_lengths

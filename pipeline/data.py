@@ -137,6 +137,7 @@ def configured_local_paths(cfg: PipelineConfig) -> dict[str, str]:
         "teacher.pretrained_qa": cfg.teacher.pretrained_qa, "student.pretrained": cfg.student.pretrained,
         "export.full_size.distilbert_pretrained": cfg.export.full_size.distilbert_pretrained,
         "export.full_size.bert_base_pretrained": cfg.export.full_size.bert_base_pretrained,
+        "deploy.model": cfg.deploy.model,
     }
     return {key: source for key, source in sources.items() if names_a_local_path(source)}
 

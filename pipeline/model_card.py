@@ -239,10 +239,25 @@ def qa_student_card(cfg: PipelineConfig, metrics: dict, student: str | Path, tea
                "optimizer steps": metrics.get("steps"), "trained on": training_device(metrics)})
 
 
+def deployed_model_card(cfg: PipelineConfig, metrics: dict, data_dir: Path, folder: str) -> ModelCard:
+    """A QA model deployed as it is (deploy.model): scored here, trained elsewhere, under its own license."""
+    source = metrics["source"]
+    revision = f" (revision {metrics['revision']})" if metrics.get("revision") else ""
+    return model_card(
+        cfg, title="Question-answering model, deployed as it is", task="question-answering",
+        dataset=squad_dataset(data_dir), base_model=base_model_of(source), license=None,
+        trained_on=Dataset(None, "unknown", f"its own training data (see {source}; not trained here)", "train"),
+        summary=f"{metrics['model_type']} question-answering model from {source}{revision}, taken as it is "
+                "(deploy.model) and evaluated here; not trained by this pipeline.",
+        scores=squad_scores(metrics),
+        where_measured=f"deploy_model, PyTorch, every dev question ({metrics['n_examples']}), SQuAD v1.1 metric",
+        usage=qa_usage(folder), build={"evaluated on": metrics["evaluated_on"]})
+
+
 def bundle_card(cfg: PipelineConfig, metrics: dict, app_readme: str, model_dir: Path, data_dir: Path) -> ModelCard:
     """model_dir: the PyTorch model the bundle was exported from (its card names the hub model it goes back to)."""
     return model_card(
-        cfg, title="DistilBERT question answering, on-device bundle", task="question-answering",
+        cfg, title="Question answering, on-device bundle", task="question-answering",
         dataset=squad_dataset(data_dir, metrics["n_questions"]), base_model=base_model_of(model_dir),
         tags=("onnx", "coreml", "int8"), library_name="onnx",
         summary="", body=app_readme, scores=squad_scores(metrics),

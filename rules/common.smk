@@ -4,15 +4,21 @@ import shlex
 import sys
 from pathlib import Path
 
-from pipeline.artifacts import EXPORTED_MODELS
+from pipeline.artifacts import bundled_model, exported_models
 from pipeline.code_inputs import command_code_files
 from pipeline.config import PipelineConfig, from_dict, to_dict
 from pipeline.data import check_local_files, configured_local_paths, local_data_files
+from pipeline.deploy import check_local_model, deploy_root
 from pipeline.stages import study as study_stage
 
 CFG = from_dict(PipelineConfig, config)  # cross-field checks the schema cannot express
 FULL = to_dict(CFG)
-ROOT = CFG.output_root
+# deploy.model set: the DAG deploys that QA model as it is (target deploy) and trains nothing; its build goes to a
+# folder of its own under output_root.
+DEPLOYING = CFG.deploy.model is not None
+ROOT = deploy_root(CFG) if DEPLOYING else CFG.output_root
+EXPORTED_MODELS = exported_models(CFG)  # model name -> the stage folder it comes from
+BUNDLED_MODEL = bundled_model(CFG)  # the model the app bundle ships
 PYTHON = sys.executable  # the interpreter running snakemake, i.e. the project's environment
 TEACHER_FROM_SCRATCH = CFG.teacher.pretrained is None  # then rule teacher_pretrain trains the MLM teacher
 # The MLM teacher that init_student copies from and distill_pretrain learns from: a directory or a hub name.
@@ -24,6 +30,8 @@ MLM_TEACHER_ARG = f"--mlm-teacher-dir {shlex.quote(str(MLM_TEACHER))}" if AUGMEN
 # run here with its key (Snakemake would otherwise keep going on an old build without a word).
 check_local_files(CFG)
 LOCAL_PATHS = configured_local_paths(CFG)
+if "deploy.model" in LOCAL_PATHS:
+    check_local_model(CFG.deploy.model)  # a model the exporters cannot take stops planning, with the reason
 # The student the SQuAD stages start from: distilled here (rule distill_pretrain), or student.pretrained (a hub
 # name or a folder), which skips init_student and distill_pretrain.
 STUDENT_DISTILLED_HERE = CFG.student.pretrained is None

@@ -1,5 +1,26 @@
-# Export: each trained model to ONNX (fp32 and fused), its int8 and 4-bit graphs, CoreML packages; the full-size
-# architectures through the same path (sizes and latency); the app bundle of the distilled student.
+# Export: each trained model (or the deployed one) to ONNX (fp32 and fused), its int8 and 4-bit graphs, CoreML
+# packages; the full-size architectures through the same path (sizes and latency); the app bundle.
+
+
+# Target deploy: the QA model of deploy.model, taken as it is; its dev answers are what every export is gated on.
+rule deploy_model:
+    input:
+        data=rules.prepare_data.output[0],
+        model=[CFG.deploy.model] if "deploy.model" in LOCAL_PATHS else [],  # a local folder: an edit reruns it
+        code=code("deploy-model"),
+    output:
+        directory(f"{ROOT}/deployed_model"),
+    params:
+        cfg=stage_config("seed", "squad", "deploy"),
+    log:
+        log_file("deploy_model"),
+    benchmark:
+        benchmark_file("deploy_model")
+    threads: workflow.cores
+    resources:
+        **EXPORT_RESOURCES,
+    shell:
+        stage_shell("deploy-model", "--data-dir {input.data:q} --out-dir {output:q}", threads_variable="OMP_NUM_THREADS")
 
 
 rule export_onnx:
@@ -98,9 +119,9 @@ rule export_full_size:
 
 rule bundle:
     input:
-        quantized=f"{ROOT}/quantized/student",
-        coreml=f"{ROOT}/coreml/student",
-        model=f"{ROOT}/{EXPORTED_MODELS['student']}",
+        quantized=f"{ROOT}/quantized/{BUNDLED_MODEL}",
+        coreml=f"{ROOT}/coreml/{BUNDLED_MODEL}",
+        model=f"{ROOT}/{EXPORTED_MODELS[BUNDLED_MODEL]}",
         data=rules.prepare_data.output[0],
         code=code("bundle"),
     output:

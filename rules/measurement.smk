@@ -12,7 +12,7 @@ rule benchmark:
     output:
         directory(f"{ROOT}/benchmark"),
     params:
-        cfg=stage_config("seed", "squad", "export", "benchmark"),
+        cfg=stage_config("seed", "squad", "export", "benchmark", "deploy"),
         root=ROOT,
     log:
         log_file("benchmark"),
@@ -61,9 +61,11 @@ rule report:
         markdown=f"{ROOT}/report/report.md",
         f1_vs_size=report(f"{ROOT}/report/f1_vs_size.png", category="Accuracy", caption=caption("f1_vs_size")),
         f1_vs_latency=report(f"{ROOT}/report/f1_vs_latency.png", category="Accuracy", caption=caption("f1_vs_latency")),
-        loss_curves=report(f"{ROOT}/report/loss_curves.png", category="Training", caption=caption("loss_curves")),
+        # a deployed model trained elsewhere: no training logs to draw
+        **({} if DEPLOYING else {"loss_curves": report(f"{ROOT}/report/loss_curves.png", category="Training",
+                                                       caption=caption("loss_curves"))}),
     params:
-        cfg=stage_config("squad", "export", "benchmark"),
+        cfg=stage_config("squad", "export", "benchmark", "deploy"),
         root=ROOT,
         out_dir=f"{ROOT}/report",
         web=lambda wildcards, input: f"--web-benchmark {shlex.quote(str(input.web))}" if input.web else "",

@@ -17,7 +17,7 @@ def test_committed_schema_is_generated_from_the_dataclasses():
     )
 
 
-@pytest.mark.parametrize("name", ["default.yaml", "test.yaml", "paper.yaml"])
+@pytest.mark.parametrize("name", ["default.yaml", "test.yaml", "paper.yaml", "deploy.yaml"])
 def test_shipped_configs_load_and_validate(name):
     cfg = load_config(CONFIGS / name)
     assert isinstance(cfg, PipelineConfig)

@@ -16,7 +16,7 @@ import onnx
 from onnx import numpy_helper
 
 from pipeline import onnx_qa
-from pipeline.artifacts import EXPORTED_MODELS, read_json
+from pipeline.artifacts import exported_models, read_json
 from pipeline.config import PipelineConfig, QuantizeConfig
 from pipeline.export.onnx_graph import MODEL_FILE, optimize_graph
 from pipeline.gates import GateError
@@ -228,10 +228,10 @@ def choose_bundle_variant(variants: dict, tie_fraction: float) -> tuple[str | No
 # The full-size search: which recipe the speed goals are measured with (benchmark rule).
 
 
-def recipes_passing_everywhere(root: Path) -> tuple[list[str], dict]:
-    """int8 recipe names that passed their accuracy gates on every trained model, and each model's verdicts."""
+def recipes_passing_everywhere(root: Path, cfg: PipelineConfig) -> tuple[list[str], dict]:
+    """int8 recipe names that passed their accuracy gates on every exported model, and each model's verdicts."""
     verdicts = {}
-    for model in EXPORTED_MODELS:
+    for model in exported_models(cfg):
         variants = read_json(root / "quantized" / model / "quantize.json")["variants"]
         verdicts[model] = {name: bool(report["passed"]) for name, report in variants.items() if name.startswith("int8")}
     names = sorted(set.intersection(*(set(name for name, ok in v.items() if ok) for v in verdicts.values())))
@@ -244,7 +244,7 @@ def search_int8(root: Path, cfg: PipelineConfig) -> dict:
     folder = root / "full_size" / "distilbert"
     full_size = read_json(folder / "full_size.json")
     vocab_size = read_json(folder / "pytorch" / "config.json")["vocab_size"]
-    passing, verdicts = recipes_passing_everywhere(root)
+    passing, verdicts = recipes_passing_everywhere(root, cfg)
     candidates = [name for name in full_size["int8_recipes"] if name in passing]
     if not candidates:
         raise GateError(f"{root}/quantized/*/quantize.json: no int8 recipe passed its gates on every trained model "

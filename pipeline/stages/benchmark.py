@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.artifacts import EXPORTED_MODELS, atomic_output_dir, atomic_write_json, directory_size_bytes, megabytes, read_json, setup_logging
+from pipeline.artifacts import atomic_output_dir, bundled_model, exported_models, atomic_write_json, directory_size_bytes, megabytes, read_json, setup_logging
 from pipeline.config import BenchmarkConfig, PipelineConfig, config_from_json
 from pipeline.latency import cpu_description, onnx_session, synthetic_feed
 
@@ -69,9 +69,10 @@ def model_shape(config_path: Path) -> tuple[int, int]:
     return config["max_position_embeddings"], config["vocab_size"]
 
 
-def trained_artifacts(root: Path) -> list[dict]:
+def trained_artifacts(root: Path, cfg: PipelineConfig) -> list[dict]:
+    """Every export of the trained models (or of the deployed one), and the bundle's .ort."""
     items = []
-    for model, stage in EXPORTED_MODELS.items():
+    for model, stage in exported_models(cfg).items():
         max_positions, vocab_size = model_shape(root / stage / "config.json")
         shape = {"max_positions": max_positions, "vocab_size": vocab_size}
         metrics = read_json(root / stage / "metrics.json")
@@ -93,8 +94,9 @@ def trained_artifacts(root: Path) -> list[dict]:
                                   root / "coreml" / model / package["path"], package.get("dev"), "pytorch-proxy",
                                   timed=False, untimed_reason=COREML_UNTIMED, **shape))
     bundle = read_json(root / "bundle" / "metrics.json")
-    max_positions, vocab_size = model_shape(root / EXPORTED_MODELS["student"] / "config.json")
-    items.append(artifact("student/ort-int8", "student", "ort", bundle["onnx_variant"],
+    bundled = bundled_model(cfg)
+    max_positions, vocab_size = model_shape(root / exported_models(cfg)[bundled] / "config.json")
+    items.append(artifact(f"{bundled}/ort-int8", bundled, "ort", bundle["onnx_variant"],
                           root / "bundle" / "model.int8.ort", bundle, "onnxruntime", max_positions=max_positions,
                           vocab_size=vocab_size))
     return items
@@ -404,7 +406,7 @@ def peer_artifacts(root: Path, cfg: PipelineConfig, tmp: Path) -> list[dict]:
 
 def run(cfg: PipelineConfig, root: Path, out_dir: Path) -> dict:
     bcfg = cfg.benchmark
-    items = trained_artifacts(root) + full_size_artifacts(root, cfg.export.full_size.architectures,
+    items = trained_artifacts(root, cfg) + full_size_artifacts(root, cfg.export.full_size.architectures,
                                                           bcfg.timed_full_size)
     longest = max(bcfg.sequence_lengths)
     with_search = "distilbert" in cfg.export.full_size.architectures

@@ -1,4 +1,4 @@
-"""Stage bundle: the folder an app ships, built from the distilled student's exports.
+"""Stage bundle: the folder an app ships, built from the distilled student's exports (or the deployed model's).
 
 artifacts/bundle/
   model.int8.onnx           the fastest int8 graph that passed its gates (quantize.json's bundle_choice)
@@ -132,7 +132,7 @@ Everything here runs on the device; `manifest.json` lists the sha256 of every fi
 | `qa_config.json` | every setting below, machine-readable | |
 
 Dev set of this build ({metrics['n_questions']} questions): exact match {metrics['exact_match']}, F1 {metrics['f1']}
-(ONNX int8 through the torch-free answerer; the PyTorch student: F1 {metrics['pytorch_f1']}).
+(ONNX int8 through the torch-free answerer; the PyTorch model: F1 {metrics['pytorch_f1']}).
 
 ## Inputs and outputs
 - ONNX: {onnx_inputs}. Outputs `start_logits`, `end_logits`: float32 [batch, sequence], one score per token.
@@ -245,9 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline bundle", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config-json", required=True)
-    parser.add_argument("--quantized-dir", required=True, type=Path, help="output of quantize_onnx (student)")
-    parser.add_argument("--coreml-dir", required=True, type=Path, help="output of export_coreml (student)")
-    parser.add_argument("--model-dir", required=True, type=Path, help="the PyTorch student (dev predictions and F1)")
+    parser.add_argument("--quantized-dir", required=True, type=Path, help="output of quantize_onnx (the bundled model)")
+    parser.add_argument("--coreml-dir", required=True, type=Path, help="output of export_coreml (the bundled model)")
+    parser.add_argument("--model-dir", required=True, type=Path, help="the PyTorch model (dev predictions and F1)")
     parser.add_argument("--data-dir", required=True, type=Path)
     parser.add_argument("--out-dir", required=True, type=Path)
     args = parser.parse_args(argv)

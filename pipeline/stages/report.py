@@ -11,7 +11,7 @@ import json
 import logging
 from pathlib import Path
 
-from pipeline.artifacts import EXPORTED_MODELS, atomic_write_json, atomic_write_text, read_json, setup_logging
+from pipeline.artifacts import atomic_write_json, bundled_model, exported_models, atomic_write_text, read_json, setup_logging
 from pipeline.config import PipelineConfig, config_from_json
 
 logger = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ def summary(cfg: PipelineConfig, root: Path, benchmark: dict) -> dict:
     by_name = {item["name"]: item for item in items}
     longest = max(cfg.benchmark.sequence_lengths)
     models = {}
-    for name, stage in EXPORTED_MODELS.items():
+    for name, stage in exported_models(cfg).items():
         metrics = read_json(root / stage / "metrics.json")
         models[name] = {"params": parameter_count(root / stage), "exact_match": metrics["exact_match"],
                         "f1": metrics["f1"]}
@@ -79,7 +79,8 @@ def summary(cfg: PipelineConfig, root: Path, benchmark: dict) -> dict:
             ratio(p50(by_name, "bert-base/pytorch-fp32", longest, 1), p50(by_name, "bert-base/onnx-int8-optimized", longest, 1)),
         "target_size_vs_distilbert_onnx_int8": ratio(TARGET_SIZE_MB, (by_name.get(OPTIMIZED_INT8) or {}).get("size_mb")),
         "target_size_vs_distilbert_coreml_4bit": ratio(TARGET_SIZE_MB, (by_name.get("distilbert/coreml-4bit") or {}).get("size_mb")),
-        "target_size_vs_student_bundle_onnx": ratio(TARGET_SIZE_MB, (by_name.get("student/ort-int8") or {}).get("size_mb")),
+        f"target_size_vs_{bundled_model(cfg)}_bundle_onnx": ratio(
+            TARGET_SIZE_MB, (by_name.get(f"{bundled_model(cfg)}/ort-int8") or {}).get("size_mb")),
     }
     return {
         "target_size_mb": TARGET_SIZE_MB,
@@ -142,6 +143,9 @@ def peer_verdict(row: dict) -> str:
 
 
 def goals(summary_data: dict, benchmark: dict, full_size: dict, longest: int) -> list[dict]:
+    """The speed and size goals, all measured on the full-size architectures: none without them."""
+    if not summary_data["full_size"]:
+        return []
     ratios = summary_data["ratios"]
     search = benchmark.get("int8_search") or {}
     chosen = (search.get("choice") or {}).get("recipe", "not searched")
@@ -194,7 +198,9 @@ def plot_accuracy(summary_data: dict, out_dir: Path, length: int) -> None:
 
     scored = [a for a in summary_data["artifacts"] if a["f1"] is not None]
     markers = {"pytorch": "o", "onnx": "s", "ort": "D", "coreml": "^"}
-    colors = {"student": "tab:blue", "student_ce_only": "tab:orange", "teacher": "tab:green"}
+    colors = {model: color for model, color in {"student": "tab:blue", "student_ce_only": "tab:orange",
+                                                "teacher": "tab:green", "deployed": "tab:purple"}.items()
+              if any(item["model"] == model for item in scored)}
 
     figure, axis = plt.subplots(figsize=(9, 5.5))
     for item in scored:
@@ -408,8 +414,10 @@ def peer_section(rows: list[dict], cfg: PipelineConfig) -> list[str]:
 def report_markdown(cfg: PipelineConfig, summary_data: dict, benchmark: dict, goal_rows: list[dict]) -> str:
     machine = summary_data["machine"]
     longest = max(cfg.benchmark.sequence_lengths)
+    title = (f"# {cfg.deploy.model}, deployed as it is: what was built and how it measures" if cfg.deploy.model
+             else "# DistilBERT question answering: what was built and how it measures")
     lines = [
-        "# DistilBERT question answering: what was built and how it measures",
+        title,
         "",
         f"Machine: **{machine['cpu']}**, {machine['cores']} cores; SIMD flags: {', '.join(machine.get('cpu_flags', []))}.",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in machine["versions"].items()) + ".",
@@ -426,7 +434,8 @@ def report_markdown(cfg: PipelineConfig, summary_data: dict, benchmark: dict, go
     ]
     for name, model in summary_data["models"].items():
         lines.append(f"| {name} | {model['params']:,} | {model['exact_match']:.2f} | {model['f1']:.2f} |")
-    lines += ["", "## Artifacts of the trained models", "", artifact_table(summary_data["artifacts"], cfg), "",
+    which = "the deployed model" if cfg.deploy.model else "the trained models"
+    lines += ["", f"## Artifacts of {which}", "", artifact_table(summary_data["artifacts"], cfg), "",
               "CoreML F1 is that of the PyTorch-side compressed proxy run in float16 ('pytorch-proxy'). "
               + ("PyTorch rows score the whole dev set; export rows score the first "
                  f"{cfg.export.gates.dev_questions} dev questions (export.gates.dev_questions), on which the "
@@ -448,7 +457,8 @@ def report_markdown(cfg: PipelineConfig, summary_data: dict, benchmark: dict, go
         lines += peer_section(summary_data["peers"], cfg)
     if benchmark.get("int8_search"):
         lines += search_section(benchmark["int8_search"])
-    lines += ["## Goals", "", "| goal | target | measured | met |", "|---|---|---|---|"]
+    if goal_rows:
+        lines += ["## Goals", "", "| goal | target | measured | met |", "|---|---|---|---|"]
     for row in goal_rows:
         met = "n/a" if row["met"] is None else ("yes" if row["met"] else "**no**")
         lines.append(f"| {row['goal']} | {row['target']} | {fmt(row['value'], 2)} | {met} |")
@@ -460,7 +470,8 @@ def report_markdown(cfg: PipelineConfig, summary_data: dict, benchmark: dict, go
             lines.append(f"- {name}: " + ", ".join(f"{o['op']} {o['share']:.0%} ({o['ms_per_run']:.1f} ms)"
                                                     for o in ops[:6]))
         lines += [""] + speed_analysis(benchmark["profiles"], summary_data["gemm_floor"])
-    lines += ["", "## Training", "", "![Loss curves](loss_curves.png)", ""]
+    if not cfg.deploy.model:  # a deployed model was trained elsewhere: no training logs here
+        lines += ["", "## Training", "", "![Loss curves](loss_curves.png)", ""]
     return "\n".join(lines)
 
 
@@ -488,7 +499,8 @@ def run(cfg: PipelineConfig, root: Path, benchmark_path: Path, out_dir: Path,
     longest = max(cfg.benchmark.sequence_lengths)
     goal_rows = goals(summary_data, benchmark, full_size, longest)
     plot_accuracy(summary_data, out_dir, min(cfg.benchmark.sequence_lengths))
-    plot_losses(root, out_dir)
+    if not cfg.deploy.model:
+        plot_losses(root, out_dir)
     atomic_write_text(out_dir / "report.md", report_markdown(cfg, summary_data, benchmark, goal_rows))
     atomic_write_json(out_dir / "summary.json", summary_data)  # last: its presence means the report is complete
     return summary_data

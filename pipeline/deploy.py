@@ -1,0 +1,77 @@
+"""Deploy an existing question-answering model as it is (deploy.model): where its build goes, and whether the
+exporters can take it.
+
+What the export path is built and tested for: BERT and DistilBERT encoders with a question-answering head and a
+WordPiece tokenizer. onnxruntime's BERT fusions (export_onnx checks one Attention per layer), the int8 recipes, the
+CoreML wrapper, and the bundle's torch-free and JavaScript tokenizers (WordPiece) all assume them, so any other
+model is refused here, with the reason, before a job runs on it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from pipeline.config import PipelineConfig
+from pipeline.errors import PipelineError
+
+SUPPORTED_MODEL_TYPES = ("bert", "distilbert")
+QA_HEAD = "qa_outputs"  # the span head of BertForQuestionAnswering and DistilBertForQuestionAnswering
+
+
+class DeployError(PipelineError, ValueError):
+    """deploy.model is not a model the exporters can take; the message says why."""
+
+
+def deploy_root(cfg: PipelineConfig) -> str:
+    """Where a deploy build goes: <output_root>/deploy/<the model's last path part>, so builds of two models (and
+    the training DAG's outputs) never mix."""
+    name = Path(str(cfg.deploy.model).rstrip("/")).name
+    return f"{cfg.output_root}/deploy/{re.sub(r'[^A-Za-z0-9._-]+', '-', name) or 'model'}"
+
+
+def check_model_type(model_type: str | None, source: str) -> None:
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise DeployError(
+            f"deploy.model {source}: model_type {model_type!r} is not one the exporters take "
+            f"({', '.join(SUPPORTED_MODEL_TYPES)}): onnxruntime's BERT fusions, the int8 recipes, the CoreML wrapper "
+            "and the bundle's WordPiece tokenizers are built and tested for these encoders only")
+
+
+def check_local_model(folder: str) -> None:
+    """At planning: a local deploy.model folder has a config.json of a supported model type."""
+    import json
+
+    config_path = Path(folder) / "config.json"
+    if not config_path.is_file():
+        raise DeployError(f"deploy.model {folder}: no config.json; give a save_pretrained folder of a QA model")
+    try:
+        model_type = json.loads(config_path.read_text()).get("model_type")
+    except (json.JSONDecodeError, AttributeError) as error:
+        raise DeployError(f"{config_path}: not a model config ({error})") from error
+    check_model_type(model_type, folder)
+
+
+def load_deployable(source: str, revision: str | None = None):
+    """(model, tokenizer) of deploy.model, or DeployError saying why the exporters cannot take it. Remote code is
+    never run: a model that needs it is refused by transformers' own check."""
+    from transformers import AutoConfig, AutoModelForQuestionAnswering, AutoTokenizer
+
+    try:
+        config = AutoConfig.from_pretrained(source, revision=revision)
+    except (OSError, ValueError) as error:
+        raise DeployError(f"deploy.model {source}: cannot read its config ({error})") from error
+    check_model_type(config.model_type, source)
+    model, loading = AutoModelForQuestionAnswering.from_pretrained(source, revision=revision,
+                                                                   output_loading_info=True)
+    untrained_head = [name for name in loading["missing_keys"] if name.startswith(QA_HEAD)]
+    if untrained_head:
+        raise DeployError(f"deploy.model {source}: no trained question-answering head ({', '.join(untrained_head)} "
+                          "missing from its weights): it is a base model; fine-tune it on SQuAD first, or let the "
+                          "training DAG do it")
+    tokenizer = AutoTokenizer.from_pretrained(source, revision=revision)
+    if not tokenizer.is_fast or type(tokenizer.backend_tokenizer.model).__name__ != "WordPiece":
+        raise DeployError(f"deploy.model {source}: its tokenizer ({type(tokenizer).__name__}) is not a WordPiece "
+                          "tokenizer with a tokenizer.json, which the bundle's torch-free and JavaScript answerers "
+                          "implement")
+    return model.eval(), tokenizer

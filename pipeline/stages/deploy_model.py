@@ -1,0 +1,59 @@
+"""Stage deploy_model: an existing question-answering model (deploy.model), taken as it is and evaluated here.
+
+The export stages compare every export with the PyTorch model's own answers: this stage writes them. Output: the
+model as a save_pretrained folder (safetensors, with its tokenizer), predictions.json (its answer to every dev
+question), metrics.json (SQuAD v1.1 exact match / F1 on the configured dev set) and a model card. A model the
+exporters cannot take (pipeline/deploy.py) is refused with the reason, and nothing is written.
+
+  python -m pipeline deploy-model --config-json '{...}' --data-dir artifacts/deploy/NAME/data \
+      --out-dir artifacts/deploy/NAME/deployed_model
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+from pipeline import qa
+from pipeline.artifacts import atomic_output_dir, atomic_write_json, setup_logging, verify_input_dirs
+from pipeline.config import PipelineConfig, config_from_json
+from pipeline.data import load_squad
+from pipeline.deploy import load_deployable
+from pipeline.model_card import deployed_model_card, write_model_card
+
+logger = logging.getLogger(__name__)
+
+
+def run(cfg: PipelineConfig, data_dir: Path, out_dir: Path) -> dict:
+    import torch
+
+    verify_input_dirs(data_dir)
+    source = cfg.deploy.model
+    model, tokenizer = load_deployable(source, cfg.deploy.revision)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # evaluation only
+    dev, _ = load_squad(str(data_dir / "dev.jsonl"))
+    dev_metrics, predictions = qa.evaluate_qa(model.to(device), tokenizer, dev, cfg.squad, device)
+    metrics = {**dev_metrics, "source": source, "revision": cfg.deploy.revision, "model_type": model.config.model_type,
+               "n_parameters": model.num_parameters(), "fine_tuned_here": False, "evaluated_on": str(device)}
+    with atomic_output_dir(out_dir, cfg) as tmp:
+        model.cpu().save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        atomic_write_json(tmp / "predictions.json", predictions)
+        atomic_write_json(tmp / "metrics.json", metrics)
+        write_model_card(deployed_model_card(cfg, metrics, data_dir, str(out_dir)), tmp)
+    logger.info("deploy_model %s: %s", source, json.dumps(metrics))
+    return metrics
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline deploy-model", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config-json", required=True)
+    parser.add_argument("--data-dir", required=True, type=Path, help="output of prepare_data (dev.jsonl)")
+    parser.add_argument("--out-dir", required=True, type=Path)
+    args = parser.parse_args(argv)
+    setup_logging()
+    run(config_from_json(args.config_json), args.data_dir, args.out_dir)
+    return 0

@@ -1,0 +1,125 @@
+"""Target deploy (pipeline/deploy.py, stage deploy_model, the deploy DAG): an existing QA model exported, gated,
+bundled and benchmarked as it is, with no training; models the exporters cannot take are refused with the reason."""
+
+import json
+import subprocess
+
+import pytest
+from huggingface_hub import ModelCard
+from transformers import BertForMaskedLM, BertForQuestionAnswering, BertTokenizerFast, RobertaConfig
+
+from pipeline.deploy import DeployError, check_local_model, deploy_root, load_deployable
+from tests.dag_run import snakemake_command
+from tests.stage_fixtures import tiny_bert_config, tiny_config
+
+WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "a", "river", "flows", "north", "who", "what"]
+
+
+def wordpiece_tokenizer(folder):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "vocab.txt").write_text("\n".join(WORDS + [f"w{i}" for i in range(50 - len(WORDS))]) + "\n")
+    return BertTokenizerFast(vocab_file=str(folder / "vocab.txt"))
+
+
+def test_a_deploy_build_goes_to_a_folder_named_after_the_model():
+    assert deploy_root(tiny_config(deploy={"model": "distilbert-base-cased-distilled-squad"})) == \
+        "artifacts/deploy/distilbert-base-cased-distilled-squad"
+    assert deploy_root(tiny_config(output_root="out", deploy={"model": "./models/my qa/"})) == "out/deploy/my-qa"
+    assert deploy_root(tiny_config(deploy={"model": "owner/bert-qa"})) == "artifacts/deploy/bert-qa"
+
+
+def test_a_qa_model_with_a_wordpiece_tokenizer_loads(tmp_path):
+    BertForQuestionAnswering(tiny_bert_config()).save_pretrained(tmp_path / "qa")
+    wordpiece_tokenizer(tmp_path / "qa").save_pretrained(tmp_path / "qa")
+    model, tokenizer = load_deployable(str(tmp_path / "qa"))
+    assert type(model).__name__ == "BertForQuestionAnswering" and not model.training
+    assert tokenizer.is_fast
+    check_local_model(str(tmp_path / "qa"))  # the planning check passes too
+
+
+def test_a_base_model_without_a_trained_qa_head_is_refused(tmp_path):
+    BertForMaskedLM(tiny_bert_config()).save_pretrained(tmp_path / "mlm")
+    wordpiece_tokenizer(tmp_path / "mlm").save_pretrained(tmp_path / "mlm")
+    with pytest.raises(DeployError, match="no trained question-answering head.*qa_outputs"):
+        load_deployable(str(tmp_path / "mlm"))
+
+
+def test_an_architecture_the_exporters_do_not_take_is_refused_at_planning_and_in_the_stage(tmp_path):
+    RobertaConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                  intermediate_size=32).save_pretrained(tmp_path / "roberta")
+    for check in (check_local_model, load_deployable):
+        with pytest.raises(DeployError, match="model_type 'roberta' is not one the exporters take"):
+            check(str(tmp_path / "roberta"))
+    with pytest.raises(DeployError, match="no config.json"):
+        check_local_model(str(tmp_path / "nothing-here"))
+
+
+def test_a_tokenizer_other_than_wordpiece_is_refused(tmp_path):
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    BertForQuestionAnswering(tiny_bert_config()).save_pretrained(tmp_path / "bpe")
+    bpe = Tokenizer(models.BPE(vocab={w: i for i, w in enumerate(WORDS)}, merges=[], unk_token="[UNK]"))
+    PreTrainedTokenizerFast(tokenizer_object=bpe, unk_token="[UNK]").save_pretrained(tmp_path / "bpe")
+    with pytest.raises(DeployError, match="not a WordPiece tokenizer"):
+        load_deployable(str(tmp_path / "bpe"))
+
+
+def test_target_deploy_without_a_model_says_what_to_set(tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text(f"output_root: {json.dumps(str(tmp_path / 'out'))}\n")
+    completed = subprocess.run(snakemake_command(tmp_path, config, "-n", target="deploy"), capture_output=True,
+                               text=True)
+    assert completed.returncode != 0 and "target deploy needs deploy.model" in completed.stdout + completed.stderr
+
+
+@pytest.mark.integration
+def test_deploy_exports_gates_bundles_and_benchmarks_a_trained_student_without_training(dag_run, tmp_path):
+    """The distilled student of the test DAG, deployed as it is: the DAG plans no training rule, every export is
+    gated against this model's own PyTorch answers, and the bundle and report describe it."""
+    student = dag_run.root / "distill_squad"
+    config = tmp_path / "deploy.yaml"
+    config.write_text(f"output_root: {json.dumps(str(tmp_path / 'out'))}\ndeploy:\n  model: {json.dumps(str(student))}\n")
+    completed = subprocess.run(snakemake_command(tmp_path, config, target="deploy"), capture_output=True, text=True,
+                               timeout=900)
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    ran = {line.split()[-1].rstrip(":") for line in completed.stderr.splitlines() if line.startswith(("rule ", "localrule "))}
+    assert ran == {"prepare_data", "deploy_model", "export_onnx", "quantize_onnx", "export_coreml", "bundle",
+                   "benchmark", "report", "deploy"}
+    root = tmp_path / "out" / "deploy" / "distill_squad"
+    deployed = json.loads((root / "deployed_model" / "metrics.json").read_text())
+    assert deployed["source"] == str(student) and deployed["fine_tuned_here"] is False
+    predictions = json.loads((root / "deployed_model" / "predictions.json").read_text())
+    assert len(predictions) == deployed["n_examples"]
+    export = json.loads((root / "onnx" / "deployed" / "export.json").read_text())
+    assert export["n_questions"] == deployed["n_examples"]  # the test's dev set is within export.gates.dev_questions
+    assert export["pytorch"]["f1"] == deployed["f1"]  # the gates hold the exports to this model's own answers
+    assert export["fp32"]["answer_agreement_with_pytorch"] >= tiny_config().export.gates.min_pytorch_agreement
+    bundle = json.loads((root / "bundle" / "metrics.json").read_text())
+    assert bundle["n_questions"] > 0 and (root / "bundle" / "model.int8.ort").is_file()
+    summary = json.loads((root / "report" / "summary.json").read_text())
+    assert set(summary["models"]) == {"deployed"} and summary["models"]["deployed"]["f1"] == deployed["f1"]
+    assert {item["model"] for item in summary["artifacts"]} == {"deployed"}
+    assert "deployed/ort-int8" in {item["name"] for item in summary["artifacts"]}
+    report_text = (root / "report" / "report.md").read_text()
+    assert report_text.startswith(f"# {student}, deployed as it is") and "Training" not in report_text
+    card = ModelCard.load(root / "deployed_model" / "README.md")
+    assert card.data.license is None and card.data.eval_results[1].metric_value == deployed["f1"]
+    assert not any((root / stage).exists() for stage in ("teacher", "distill_squad", "tokenizer"))
+
+
+def test_the_readme_command_plans_the_deploy_dag_with_no_training_rule(tmp_path):
+    """`snakemake deploy --configfile configs/deploy.yaml` over the default config (a dry run: no hub access)."""
+    import sys
+
+    from tests.conftest import PROJECT_ROOT
+
+    completed = subprocess.run(
+        [sys.executable, "-m", "snakemake", "deploy", "-n", "--cores", "2", "--snakefile", str(PROJECT_ROOT / "Snakefile"),
+         "--directory", str(tmp_path), "--configfile", str(PROJECT_ROOT / "configs" / "deploy.yaml"),
+         "--config", f"output_root={tmp_path / 'out'}"], capture_output=True, text=True, check=True)
+    planned = {line.split()[-1].rstrip(":") for line in completed.stdout.splitlines()
+               if line.startswith(("rule ", "localrule "))}
+    assert planned == {"prepare_data", "deploy_model", "export_onnx", "quantize_onnx", "export_coreml", "bundle",
+                       "benchmark", "benchmark_web", "report", "deploy"}
+    assert f"{tmp_path / 'out'}/deploy/distilbert-base-cased-distilled-squad/bundle" in completed.stdout
