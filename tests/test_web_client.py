@@ -221,16 +221,6 @@ def test_without_the_isolation_headers_the_page_runs_one_thread_and_says_why(tin
     assert shown["answers"] == expected  # still right, only slower
 
 
-def test_the_page_asks_for_every_core_only_when_cross_origin_isolated():
-    script = ('import { defaultThreads } from "./src/browser.js";\n'
-              'console.log(JSON.stringify([defaultThreads({ crossOriginIsolated: true, navigator: { hardwareConcurrency: 8 } }),'
-              ' defaultThreads({ crossOriginIsolated: false, navigator: { hardwareConcurrency: 8 } }),'
-              ' defaultThreads({ crossOriginIsolated: true, navigator: {} })]));')
-    completed = subprocess.run([NODE, "--input-type=module", "-e", script], cwd=CLIENT, capture_output=True, text=True)
-    assert completed.returncode == 0, completed.stderr
-    assert json.loads(completed.stdout) == [8, 1, 1]
-
-
 # ------------------------------------------------------------------------------------------- benchmark
 
 
@@ -293,12 +283,16 @@ def test_a_chromium_timing_that_cannot_run_the_threads_asked_for_is_an_error(tin
     assert not out.exists()
 
 
-def test_benchmark_web_without_the_npm_packages_fails_clearly_and_writes_nothing(tiny, tmp_path):
+def test_benchmark_web_without_the_npm_packages_or_chromium_fails_clearly_and_writes_nothing(tiny, tmp_path,
+                                                                                             monkeypatch):
     root = benchmark_root(tiny, tmp_path)
     out = tmp_path / "benchmark_web.json"
     with pytest.raises(benchmark_web.WebBenchmarkError, match="node_modules/onnxruntime-node is missing: run `npm ci`"):
         benchmark_web.run(root, out, BenchmarkConfig(browser=False), client_dir=tmp_path / "no-client")
+    monkeypatch.setenv("CHROMIUM_PATH", str(tmp_path / "no-chromium"))
+    with pytest.raises(benchmark_web.WebBenchmarkError, match="no-chromium: no Chromium there .*benchmark.browser: false"):
+        benchmark_web.run(root, out, BenchmarkConfig(browser=True))
     assert not out.exists()
     shutil.rmtree(root / "bundle")
     with pytest.raises(benchmark_web.WebBenchmarkError, match="bundle/qa_config.json: missing"):
-        benchmark_web.run(root, out)
+        benchmark_web.run(root, out, BenchmarkConfig(browser=False))
