@@ -529,12 +529,12 @@ class BenchmarkConfig:
         "onnxruntime session option sets tried on the two fastest int8 candidates (pipeline.latency.SESSION_OPTIONS).",
     )
     javascript: bool = option(
-        True, "Also time the bundle's model in onnxruntime-web (WASM) and onnxruntime-node, 1 thread, in Node, and "
-        "in headless Chromium with `browser` (rule benchmark_web); needs Node.js 20 and `npm ci` in clients/web, "
-        "which setup.sh runs where npm exists.")
+        True, "Also time the bundle's model in JavaScript (rule benchmark_web): onnxruntime-web (WASM) and "
+        "onnxruntime-node in Node at 1 thread, and in headless Chromium with `browser`; needs Node.js 20 and "
+        "`npm ci` in clients/web, which setup.sh runs where npm exists.")
     javascript_full_size: bool = option(
         True, "Also time the full-size DistilBERT int8-optimized graph in JavaScript, on every runtime timed "
-        "(about a minute on 2 cores with the default runs).")
+        "(about half a minute on 2 idle cores with the default runs).")
     javascript_full_size_runs: int = option(
         10, "Timed runs of the full-size graph per length and thread count in JavaScript, after `warmup` (a run "
         "takes up to a second in WebAssembly).", minimum=1)

@@ -104,7 +104,7 @@ def test_the_report_shows_chromium_entries_at_each_thread_count_in_the_summary_s
     jsonschema.validate(summary, json.loads((PROJECT_ROOT / "configs" / "summary.schema.json").read_text()))
     note = " ".join(report.javascript_note(summary, cfg))
     assert "onnx-web-chromium in onnxruntime-web 1.30.0 (WebAssembly, in Chromium 156.0, cross-origin isolated)" in note
-    assert "Chromium: 1, 2 WebAssembly threads" in note
+    assert "Chromium: WebAssembly threads 1, 2" in note
 
 
 def test_session_option_sets_change_speed_settings_not_answers(tiny_int8):

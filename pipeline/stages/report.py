@@ -358,7 +358,7 @@ def javascript_note(summary_data: dict, cfg: PipelineConfig) -> list[str]:
     text = "JavaScript rows: " + "; ".join(f"{fmt} in {runtime}" for fmt, runtime in runtimes.items()) + "."
     text += " Node: 1 thread."
     if "onnx-web-chromium" in runtimes:
-        text += (f" Chromium: {', '.join(map(str, cfg.benchmark.browser_threads))} WebAssembly threads; its peak "
+        text += (f" Chromium: WebAssembly threads {', '.join(map(str, cfg.benchmark.browser_threads))}; its peak "
                  "memory is the page's renderer process.")
     if any(item["model"] not in EXPORTED_MODELS for item in javascript):
         text += f" The full-size graph: {cfg.benchmark.javascript_full_size_runs} timed runs."
