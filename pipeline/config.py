@@ -529,10 +529,22 @@ class BenchmarkConfig:
         "onnxruntime session option sets tried on the two fastest int8 candidates (pipeline.latency.SESSION_OPTIONS).",
     )
     javascript: bool = option(
-        True, "Also time the bundle's model in onnxruntime-web (WASM) and onnxruntime-node (rule benchmark_web); "
-        "needs Node.js 20 and `npm ci` in clients/web, which setup.sh runs where npm exists.")
+        True, "Also time the bundle's model in JavaScript (rule benchmark_web): onnxruntime-web (WASM) and "
+        "onnxruntime-node in Node at 1 thread, and in headless Chromium with `browser`; needs Node.js 20 and "
+        "`npm ci` in clients/web, which setup.sh runs where npm exists.")
     javascript_full_size: bool = option(
-        False, "Also time the full-size DistilBERT int8-optimized graph in JavaScript (about a minute more on 2 cores).")
+        True, "Also time the full-size DistilBERT int8-optimized graph in JavaScript, on every runtime timed "
+        "(about half a minute on 2 idle cores with the default runs).")
+    javascript_full_size_runs: int = option(
+        10, "Timed runs of the full-size graph per length and thread count in JavaScript, after `warmup` (a run "
+        "takes up to a second in WebAssembly).", minimum=1)
+    browser: bool = option(
+        True, "With `javascript`, also time in headless Chromium: onnxruntime-web in a cross-origin-isolated page "
+        "served by clients/web/scripts/serve-demo.mjs, at `browser_threads`. Needs Chromium (/usr/bin/chromium "
+        "or $CHROMIUM_PATH; `apt-get install chromium`).")
+    browser_threads: list[int] = option(
+        [1, 2], "WebAssembly thread counts timed in Chromium, each in a fresh page (more than 1 needs the page's "
+        "cross-origin isolation).")
     timed_full_size: list[str] = option(
         ["bert-base/pytorch-fp32", "bert-base/onnx-int8-optimized", "distilbert/pytorch-fp32", "distilbert/onnx-fp32",
          "distilbert/onnx-int8", "distilbert/onnx-int8-optimized", "distilbert/torch-dynamic-int8",
@@ -547,6 +559,8 @@ class BenchmarkConfig:
             raise ConfigError(f"benchmark.sequence_lengths: {self.sequence_lengths} needs lengths of at least 8")
         if not self.threads or min(self.threads) < 1:
             raise ConfigError(f"benchmark.threads: {self.threads} needs thread counts of at least 1")
+        if not self.browser_threads or min(self.browser_threads) < 1:
+            raise ConfigError(f"benchmark.browser_threads: {self.browser_threads} needs thread counts of at least 1")
 
 
 @dataclass

@@ -142,7 +142,11 @@ def caption(name):
 
 
 WEB_CLIENT = Path(workflow.basedir) / "clients" / "web"
-WEB_CLIENT_FILES = [str(WEB_CLIENT / "scripts" / "bench.mjs"), str(WEB_CLIENT / "package-lock.json"),
+# What rule benchmark_web runs: the timing script, the Chromium driver and server, the latency page, the
+# client's sources and the locked packages.
+WEB_CLIENT_FILES = [*(str(WEB_CLIENT / "scripts" / name) for name in ("bench.mjs", "chromium.mjs", "serve-demo.mjs")),
+                    str(WEB_CLIENT / "package-lock.json"),
+                    *sorted(str(path) for path in (WEB_CLIENT / "bench").glob("*")),
                     *sorted(str(path) for path in (WEB_CLIENT / "src").glob("*.js"))]
 
 

@@ -29,12 +29,11 @@ rule benchmark_web:
     input:
         bundle=rules.bundle.output[0],
         after_benchmark=rules.benchmark.output[0],  # never timed beside it; it names the searched int8 graph
-        # the JavaScript it runs: the timing script, the client's sources and the locked packages
-        code=code("benchmark-web", *WEB_CLIENT_FILES),
+        code=code("benchmark-web", *WEB_CLIENT_FILES),  # and the JavaScript it runs
     output:
         f"{ROOT}/benchmark_web/benchmark_web.json",
     params:
-        cfg=stage_config("benchmark"),
+        cfg=stage_config("benchmark", "deploy"),
         root=ROOT,
     log:
         log_file("benchmark_web"),

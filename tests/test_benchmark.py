@@ -7,7 +7,7 @@ import sys
 import onnx
 import pytest
 
-from pipeline.config import BenchmarkConfig
+from pipeline.config import BenchmarkConfig, PipelineConfig
 from pipeline.export import int8, onnx_graph
 from pipeline.stages import benchmark, report
 from tests.conftest import PROJECT_ROOT
@@ -79,6 +79,32 @@ def test_the_summary_schema_refuses_a_wrong_shape():
     schema = json.loads((PROJECT_ROOT / "configs" / "summary.schema.json").read_text())
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"target_size_mb": 207}, schema)
+
+
+def test_the_report_shows_chromium_entries_at_each_thread_count_in_the_summary_shape(tmp_path):
+    import jsonschema
+
+    chromium = {"name": "student/onnx-web-chromium-int8-optimized", "model": "student", "format": "onnx-web-chromium",
+                "precision": "int8-optimized", "path": "bundle/model.int8.onnx", "size_mb": 0.456, "recipe": "int8",
+                "runtime": "onnxruntime-web 1.30.0 (WebAssembly, in Chromium 156.0, cross-origin isolated)",
+                "timed": True, "untimed_reason": None, "runs": 20, "peak_rss_mb": 279.0,
+                "latency_ms": {"seq128": {"threads1": {"p50": 10.8, "p90": 20.8}, "threads2": {"p50": 7.5, "p90": 9.1}},
+                               "seq384": None}}
+    (tmp_path / "benchmark_web.json").write_text(json.dumps({"artifacts": [chromium]}))
+    machine = {"cpu": "a CPU", "cores": 2, "versions": {}}
+    benchmark = report.with_web_timings({"machine": machine, "artifacts": []}, tmp_path / "benchmark_web.json")
+    items = benchmark["artifacts"]
+    cfg = PipelineConfig(benchmark=BenchmarkConfig(threads=[1], browser_threads=[1, 2]))
+    table = report.artifact_table(items, cfg)
+    assert "seq 128, 2 thr p50 / p90 ms" in table  # Chromium's thread count, beyond benchmark.threads
+    assert "| 10.80 / 20.80 | 7.50 / 9.10 | n/a | n/a | 279 |" in table
+    summary = {"target_size_mb": 207, "machine": machine, "artifacts": items, "full_size": [], "gemm_floor": None,
+               "ratios": {}, "peers": [], "models": {name: {"params": 1, "exact_match": 1.0, "f1": 1.0}
+                                        for name in ("teacher", "student", "student_ce_only")}}
+    jsonschema.validate(summary, json.loads((PROJECT_ROOT / "configs" / "summary.schema.json").read_text()))
+    note = " ".join(report.javascript_note(summary, cfg))
+    assert "onnx-web-chromium in onnxruntime-web 1.30.0 (WebAssembly, in Chromium 156.0, cross-origin isolated)" in note
+    assert "Chromium: WebAssembly threads 1, 2" in note
 
 
 def test_session_option_sets_change_speed_settings_not_answers(tiny_int8):

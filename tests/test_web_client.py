@@ -172,29 +172,53 @@ def test_default_run_bundle_parity_on_every_dev_question(tmp_path):
 # --------------------------------------------------------------------------------------------- browser
 
 
-@needs_chromium
-def test_the_demo_page_in_headless_chromium_shows_the_python_answers(tiny, tmp_path):
-    bundle_dir = tiny["bundle"]
-    if (DEFAULT_RUN / "bundle" / "qa_config.json").is_file() and (DEFAULT_RUN / "data" / "dev.jsonl").is_file():
-        bundle_dir, data_dir = DEFAULT_RUN / "bundle", DEFAULT_RUN / "data"  # a trained model: real answers
-    else:
-        data_dir = tiny["data"]
-    questions = dev_questions(data_dir)[:3]
-    python = onnx_qa.QuestionAnswerer.from_bundle(bundle_dir)
-    expected = {q["id"]: python.answer(q["question"], q["context"])["answer"] for q in questions}
+def ask_in_the_demo_page(bundle_dir: Path, questions: list[dict], tmp_path: Path, *options: str) -> dict:
+    """browser-check.mjs: the demo page in headless Chromium, served by the client's server, asked `questions`."""
     screenshot, out = tmp_path / "demo.png", tmp_path / "browser.json"
     command = [NODE, str(CLIENT / "scripts" / "browser-check.mjs"), "--bundle", str(bundle_dir), "--questions",
-               str(write_questions(tmp_path / "q.json", questions)), "--out", str(out), "--screenshot", str(screenshot)]
+               str(write_questions(tmp_path / "q.json", questions)), "--out", str(out), "--screenshot", str(screenshot),
+               *options]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=180)
     assert completed.returncode == 0, completed.stderr[-2000:]
-    shown = json.loads(out.read_text())
     print(f"demo page screenshot: {screenshot}")
+    assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and screenshot.stat().st_size > 10_000
+    return json.loads(out.read_text())
+
+
+def bundle_and_questions(tiny) -> tuple[Path, list[dict], dict]:
+    """A bundle, three dev questions and the torch-free answerer's answers to them (as the page shows them)."""
+    bundle_dir, data_dir = tiny["bundle"], tiny["data"]
+    if (DEFAULT_RUN / "bundle" / "qa_config.json").is_file() and (DEFAULT_RUN / "data" / "dev.jsonl").is_file():
+        bundle_dir, data_dir = DEFAULT_RUN / "bundle", DEFAULT_RUN / "data"  # a trained model: real answers
+    questions = dev_questions(data_dir)[:3]
+    python = onnx_qa.QuestionAnswerer.from_bundle(bundle_dir)
+    expected = {q["id"]: python.answer(q["question"], q["context"])["answer"] or "(no answer found)" for q in questions}
+    return bundle_dir, questions, expected
+
+
+@needs_chromium
+def test_the_demo_page_is_cross_origin_isolated_and_answers_as_python_on_two_threads(tiny, tmp_path):
+    bundle_dir, questions, expected = bundle_and_questions(tiny)
+    shown = ask_in_the_demo_page(bundle_dir, questions, tmp_path, "--threads", "2")
     assert shown["page_errors"] == []
-    assert shown["answers"] == {qid: text or "(no answer found)" for qid, text in expected.items()}
+    assert shown["cross_origin_isolated"] is True
+    # onnxruntime-web kept the 2 threads asked for (it falls back to 1 where it cannot) and started their worker.
+    assert shown["threads"] == 2 and shown["workers"] >= 1
+    assert "2 threads (cross-origin isolated)" in shown["status"]
+    assert shown["answers"] == expected
     assert all(latency.endswith(" ms") for latency in shown["latency_ms"].values())
     size_mb = (bundle_dir / json.loads((bundle_dir / "qa_config.json").read_text())["onnx"]["model"]).stat().st_size / 1e6
     assert f"{size_mb:.2f} MB" in shown["model_size"]
-    assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and screenshot.stat().st_size > 10_000
+
+
+@needs_chromium
+def test_without_the_isolation_headers_the_page_runs_one_thread_and_says_why(tiny, tmp_path):
+    bundle_dir, questions, expected = bundle_and_questions(tiny)
+    shown = ask_in_the_demo_page(bundle_dir, questions, tmp_path, "--threads", "2", "--no-isolation")
+    assert shown["cross_origin_isolated"] is False
+    assert shown["threads"] == 1 and shown["workers"] == 0
+    assert "1 thread (not cross-origin isolated" in shown["status"]
+    assert shown["answers"] == expected  # still right, only slower
 
 
 # ------------------------------------------------------------------------------------------- benchmark
@@ -209,10 +233,11 @@ def benchmark_root(tiny, tmp_path) -> Path:
     return root
 
 
-def test_benchmark_web_times_the_bundle_model_on_both_runtimes(tiny, tmp_path):
+def test_benchmark_web_times_the_bundle_model_on_both_node_runtimes(tiny, tmp_path):
     root = benchmark_root(tiny, tmp_path)
     out = tmp_path / "benchmark_web" / "benchmark_web.json"
-    metrics = benchmark_web.run(root, out, BenchmarkConfig(sequence_lengths=[32, 1024], runs=3, warmup=1))
+    cfg = BenchmarkConfig(sequence_lengths=[32, 1024], runs=3, warmup=1, browser=False)
+    metrics = benchmark_web.run(root, out, cfg)
     assert json.loads(out.read_text()) == metrics
     recipe = json.loads((root / "bundle" / "metrics.json").read_text())["onnx_variant"]
     assert [a["format"] for a in metrics["artifacts"]] == ["onnx-web", "onnx-node"]
@@ -223,15 +248,51 @@ def test_benchmark_web_times_the_bundle_model_on_both_runtimes(tiny, tmp_path):
         timing = item["latency_ms"]["seq32"]["threads1"]
         assert 0 < timing["p50"] <= timing["p90"]
         assert item["latency_ms"]["seq1024"] is None  # beyond the model's positions
-    assert metrics["machine"]["cpu"] and metrics["settings"]["threads"] == [1]
+    assert metrics["machine"]["cpu"] and metrics["machine"]["cpu_flags"] is not None
+    assert metrics["settings"]["threads"] == {"onnx-web": [1], "onnx-node": [1]}
 
 
-def test_benchmark_web_without_the_npm_packages_fails_clearly_and_writes_nothing(tiny, tmp_path):
+@needs_chromium
+def test_benchmark_web_times_the_bundle_model_in_chromium_at_one_and_two_threads(tiny, tmp_path):
+    root = benchmark_root(tiny, tmp_path)
+    cfg = BenchmarkConfig(sequence_lengths=[32, 1024], runs=3, warmup=1, browser_threads=[1, 2])
+    metrics = benchmark_web.run(root, tmp_path / "benchmark_web.json", cfg)
+    assert [a["format"] for a in metrics["artifacts"]] == ["onnx-web", "onnx-node", "onnx-web-chromium"]
+    chromium = metrics["artifacts"][2]
+    assert chromium["name"] == "student/onnx-web-chromium-int8-optimized"
+    assert "in Chromium" in chromium["runtime"] and "cross-origin isolated" in chromium["runtime"]
+    assert metrics["machine"]["browser"].startswith("Chromium ")
+    for threads in ("threads1", "threads2"):
+        timing = chromium["latency_ms"]["seq32"][threads]
+        assert 0 < timing["p50"] <= timing["p90"]
+    assert chromium["latency_ms"]["seq1024"] is None
+    assert chromium["peak_rss_mb"] > 0  # the page's renderer process
+    assert metrics["settings"]["threads"]["onnx-web-chromium"] == [1, 2]
+
+
+@needs_chromium
+def test_a_chromium_timing_that_cannot_run_the_threads_asked_for_is_an_error(tiny, tmp_path):
+    out = tmp_path / "latency.json"
+    model = tiny["bundle"] / json.loads((tiny["bundle"] / "qa_config.json").read_text())["onnx"]["model"]
+    vocab_size = json.loads((tiny["student"] / "config.json").read_text())["vocab_size"]
+    command = [NODE, str(CLIENT / "scripts" / "bench.mjs"), "--model", str(model), "--backend", "chromium",
+               "--lengths", "32", "--vocab-size", str(vocab_size), "--runs", "1", "--warmup", "0", "--threads", "2",
+               "--no-isolation", "--out", str(out)]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=180)
+    assert completed.returncode == 1 and "the page ran 1 thread where 2 were asked for" in completed.stderr
+    assert not out.exists()
+
+
+def test_benchmark_web_without_the_npm_packages_or_chromium_fails_clearly_and_writes_nothing(tiny, tmp_path,
+                                                                                             monkeypatch):
     root = benchmark_root(tiny, tmp_path)
     out = tmp_path / "benchmark_web.json"
     with pytest.raises(benchmark_web.WebBenchmarkError, match="node_modules/onnxruntime-node is missing: run `npm ci`"):
-        benchmark_web.run(root, out, client_dir=tmp_path / "no-client")
+        benchmark_web.run(root, out, BenchmarkConfig(browser=False), client_dir=tmp_path / "no-client")
+    monkeypatch.setenv("CHROMIUM_PATH", str(tmp_path / "no-chromium"))
+    with pytest.raises(benchmark_web.WebBenchmarkError, match="no-chromium: no Chromium there .*benchmark.browser: false"):
+        benchmark_web.run(root, out, BenchmarkConfig(browser=True))
     assert not out.exists()
     shutil.rmtree(root / "bundle")
     with pytest.raises(benchmark_web.WebBenchmarkError, match="bundle/qa_config.json: missing"):
-        benchmark_web.run(root, out)
+        benchmark_web.run(root, out, BenchmarkConfig(browser=False))

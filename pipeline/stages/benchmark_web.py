@@ -1,9 +1,12 @@
-"""Latency of the bundle's ONNX model in JavaScript: onnxruntime-web (WebAssembly) and onnxruntime-node, 1 thread.
+"""Latency of the bundle's ONNX model in JavaScript: onnxruntime-web (WebAssembly) and onnxruntime-node in Node at
+1 thread, and onnxruntime-web in headless Chromium at benchmark.browser_threads.
 
-The timing itself runs in Node (clients/web/scripts/bench.mjs, one process per model and runtime, so each peak
-memory is its own); this stage picks the models, calls it, and writes entries shaped like the benchmark
-summary's artifacts (format "onnx-web" / "onnx-node"). Timed: the bundle's model and, where the pipeline built
-it, the full-size DistilBERT int8 graph, whose 512 positions also reach the longest lengths.
+The timing runs in clients/web/scripts/bench.mjs, one process per model, runtime and thread count, so each peak
+memory is its own; in Chromium it times session.run inside a page that the client's own server makes
+cross-origin isolated (WebAssembly threads need it), and fails if the page runs fewer threads than asked. This
+stage picks the models, calls it, and writes entries shaped like the benchmark summary's artifacts (format
+"onnx-web" / "onnx-node" / "onnx-web-chromium"). Timed: the bundle's model and, where the pipeline built it, the
+full-size DistilBERT int8 graph, whose 512 positions also reach the longest lengths.
 
   python -m pipeline benchmark-web --root artifacts --out artifacts/benchmark_web/benchmark_web.json
 """
@@ -13,51 +16,74 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from pipeline.artifacts import EXPORTED_MODELS, atomic_write_json, directory_size_bytes, megabytes, read_json, setup_logging
-from pipeline.config import BenchmarkConfig, config_from_json
+from pipeline.artifacts import EXPORTED_MODELS, atomic_write_json, bundled_model, exported_models, directory_size_bytes, megabytes, read_json, setup_logging
+from pipeline.config import BenchmarkConfig, PipelineConfig, config_from_json
 from pipeline.errors import PipelineError
 from pipeline.latency import cpu_description
 
 logger = logging.getLogger(__name__)
 
 CLIENT_DIR = Path(__file__).resolve().parents[2] / "clients" / "web"
-BACKENDS = {"web": "onnx-web", "node": "onnx-node"}  # bench.mjs backend -> summary format
-THREADS = 1  # the browser case: one WebAssembly thread needs no cross-origin isolation
+BACKENDS = {"web": "onnx-web", "node": "onnx-node", "chromium": "onnx-web-chromium"}  # bench.mjs -> summary format
+NODE_THREADS = [1]  # in Node: one thread, what any page runs, cross-origin isolated or not
 
 
 class WebBenchmarkError(PipelineError, RuntimeError):
-    """Node or the client's npm packages are missing, or a timing run failed."""
+    """Node, the client's npm packages or Chromium are missing, or a timing run failed."""
 
 
-def check_client(client_dir: Path = CLIENT_DIR) -> str:
-    """The node executable; fails with what to install when Node or the client's node_modules are missing."""
+def chromium_path() -> Path:
+    """The Chromium that bench.mjs drives (clients/web/scripts/chromium.mjs reads the same variable)."""
+    return Path(os.environ.get("CHROMIUM_PATH") or "/usr/bin/chromium")
+
+
+def check_client(client_dir: Path = CLIENT_DIR, browser: bool = False) -> str:
+    """The node executable; fails with what to install when Node, the client's node_modules or (with `browser`)
+    Chromium are missing."""
     node = shutil.which("node")
     if node is None:
         raise WebBenchmarkError("node is not on PATH: install Node.js 20 or newer")
-    for package in ("onnxruntime-node", "onnxruntime-web"):
+    packages = ("onnxruntime-node", "onnxruntime-web") + (("puppeteer-core",) if browser else ())
+    for package in packages:
         if not (client_dir / "node_modules" / package).is_dir():
             raise WebBenchmarkError(f"{client_dir / 'node_modules' / package} is missing: run `npm ci` in {client_dir}")
+    if browser and not chromium_path().is_file():
+        raise WebBenchmarkError(f"{chromium_path()}: no Chromium there (benchmark.browser is true): "
+                                "`apt-get install chromium`, set CHROMIUM_PATH, or set benchmark.browser: false")
     return node
 
 
-def models_to_time(root: Path, with_full_size: bool = True) -> list[dict]:
-    """The bundle's model (the student's chosen int8 graph) and, if asked and searched by rule benchmark, the
-    full-size DistilBERT int8-optimized graph."""
+def runtimes(cfg: BenchmarkConfig) -> dict[str, list[int]]:
+    """bench.mjs backend -> the thread counts it is timed at."""
+    timed = {"web": NODE_THREADS, "node": NODE_THREADS}
+    if cfg.browser:
+        timed["chromium"] = sorted(set(cfg.browser_threads))
+    return timed
+
+
+STUDENT = ("student", EXPORTED_MODELS["student"])  # the bundled model of the training DAG, and its stage folder
+
+
+def models_to_time(root: Path, with_full_size: bool = True, bundled: tuple[str, str] = STUDENT) -> list[dict]:
+    """The bundle's model (the chosen int8 graph of `bundled`: its name and stage folder) and, if asked and searched
+    by rule benchmark, the full-size DistilBERT int8-optimized graph."""
     bundle = root / "bundle"
-    for needed in (bundle / "qa_config.json", bundle / "metrics.json", root / EXPORTED_MODELS["student"] / "config.json"):
+    name, stage = bundled
+    for needed in (bundle / "qa_config.json", bundle / "metrics.json", root / stage / "config.json"):
         if not needed.is_file():
             raise WebBenchmarkError(f"{needed}: missing (run the pipeline's bundle rule first)")
     qa_config = read_json(bundle / "qa_config.json")
-    student_config = read_json(root / EXPORTED_MODELS["student"] / "config.json")
-    models = [{"model": "student", "precision": "int8-optimized", "recipe": read_json(bundle / "metrics.json")["onnx_variant"],
+    student_config = read_json(root / stage / "config.json")
+    models = [{"model": name, "precision": "int8-optimized", "recipe": read_json(bundle / "metrics.json")["onnx_variant"],
                "path": bundle / qa_config["onnx"]["model"], "max_positions": student_config["max_position_embeddings"],
-               "vocab_size": student_config["vocab_size"]}]
+               "vocab_size": student_config["vocab_size"], "full_size": False}]
     distilbert = root / "full_size" / "distilbert"
     search = (read_json(root / "benchmark" / "benchmark.json").get("int8_search")
               if (root / "benchmark" / "benchmark.json").is_file() else None)
@@ -65,48 +91,69 @@ def models_to_time(root: Path, with_full_size: bool = True) -> list[dict]:
         config = read_json(distilbert / "pytorch" / "config.json")
         models.append({"model": "distilbert", "precision": "int8-optimized", "recipe": search["choice"]["recipe"],
                        "path": distilbert / "onnx" / search["choice"]["recipe"] / "model.onnx",
-                       "max_positions": config["max_position_embeddings"], "vocab_size": config["vocab_size"]})
+                       "max_positions": config["max_position_embeddings"], "vocab_size": config["vocab_size"],
+                       "full_size": True})
     return models
 
 
-def time_in_node(node: str, model: dict, backend: str, cfg: BenchmarkConfig, client_dir: Path = CLIENT_DIR) -> dict:
+def time_in_javascript(node: str, model: dict, backend: str, threads: int, runs: int, cfg: BenchmarkConfig,
+                       client_dir: Path = CLIENT_DIR) -> dict:
+    """One bench.mjs run: one model on one runtime at one thread count."""
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch) / "latency.json"
         command = [node, str(client_dir / "scripts" / "bench.mjs"), "--model", str(model["path"]), "--backend", backend,
                    "--lengths", ",".join(str(length) for length in cfg.sequence_lengths),
                    "--vocab-size", str(model["vocab_size"]), "--max-positions", str(model["max_positions"]),
-                   "--runs", str(cfg.runs), "--warmup", str(cfg.warmup), "--threads", str(THREADS), "--out", str(out)]
+                   "--runs", str(runs), "--warmup", str(cfg.warmup), "--threads", str(threads), "--out", str(out)]
         completed = subprocess.run(command, capture_output=True, text=True)
         if completed.returncode != 0 or not out.is_file():
-            raise WebBenchmarkError(f"timing {model['path']} on {backend} failed (exit code {completed.returncode}): "
-                                    f"{completed.stderr.strip()[-500:]}")
+            raise WebBenchmarkError(f"timing {model['path']} on {backend} at {threads} thread(s) failed (exit code "
+                                    f"{completed.returncode}): {completed.stderr.strip()[-500:]}")
         return json.loads(out.read_text())
 
 
-def run(root: Path, out: Path, cfg: BenchmarkConfig | None = None, client_dir: Path = CLIENT_DIR) -> dict:
-    """Time every model on both JavaScript runtimes and write the entries to `out` (JSON)."""
+def merged_latency(results: list[dict]) -> dict:
+    """One latency table over thread counts: {seqL: {threads1: .., threads2: ..}}, null where a length is beyond
+    the model's positions."""
+    latency: dict = {}
+    for result in results:
+        for length, cell in result["latency_ms"].items():
+            latency[length] = None if cell is None else {**(latency.get(length) or {}), **cell}
+    return latency
+
+
+def run(root: Path, out: Path, cfg: BenchmarkConfig | None = None, client_dir: Path = CLIENT_DIR,
+        bundled: tuple[str, str] = STUDENT) -> dict:
+    """Time every model on every JavaScript runtime and write the entries to `out` (JSON)."""
     cfg = cfg or BenchmarkConfig()
-    node = check_client(client_dir)
-    versions = {}
+    node = check_client(client_dir, browser=cfg.browser)
+    timed = runtimes(cfg)
+    versions, node_version, browser = {}, None, None
     artifacts = []
-    for model in models_to_time(root, cfg.javascript_full_size):
-        for backend, fmt in BACKENDS.items():
-            logger.info("timing %s on %s", model["path"], fmt)
-            result = time_in_node(node, model, backend, cfg, client_dir)
-            versions[fmt] = result["runtime"]
+    for model in models_to_time(root, cfg.javascript_full_size, bundled):
+        runs = cfg.javascript_full_size_runs if model["full_size"] else cfg.runs
+        for backend, thread_counts in timed.items():
+            fmt = BACKENDS[backend]
+            logger.info("timing %s on %s at %s thread(s)", model["path"], fmt, thread_counts)
+            results = [time_in_javascript(node, model, backend, threads, runs, cfg, client_dir) for threads in thread_counts]
+            versions[fmt], node_version = results[0]["runtime"], results[0]["node"]
+            browser = results[0].get("browser") or browser
+            peaks = [result["peak_rss_mb"] for result in results if result["peak_rss_mb"] is not None]
             artifacts.append({
                 "name": f"{model['model']}/{fmt}-{model['precision']}", "model": model["model"], "format": fmt,
                 "precision": model["precision"], "path": str(model["path"]),
                 "size_mb": megabytes(directory_size_bytes(model["path"])),
-                "recipe": model["recipe"], "runtime": result["runtime"], "timed": True, "untimed_reason": None,
-                "max_positions": model["max_positions"], "vocab_size": model["vocab_size"],
-                "latency_ms": result["latency_ms"], "peak_rss_mb": result["peak_rss_mb"],
+                "recipe": model["recipe"], "runtime": results[0]["runtime"], "timed": True, "untimed_reason": None,
+                "max_positions": model["max_positions"], "vocab_size": model["vocab_size"], "runs": runs,
+                "latency_ms": merged_latency(results), "peak_rss_mb": max(peaks) if peaks else None,
             })
     cpu = cpu_description()
     metrics = {
-        "machine": {"cpu": cpu["model_name"], "cpu_flags": cpu["simd_flags"], "node": result["node"], "runtimes": versions},
-        "settings": {"sequence_lengths": cfg.sequence_lengths, "threads": [THREADS], "runs": cfg.runs,
-                     "warmup": cfg.warmup, "batch_size": 1},
+        "machine": {"cpu": cpu["model_name"], "cpu_flags": cpu["simd_flags"], "node": node_version,
+                    "browser": browser, "runtimes": versions},
+        "settings": {"sequence_lengths": cfg.sequence_lengths, "threads": {BACKENDS[b]: t for b, t in timed.items()},
+                     "runs": cfg.runs, "full_size_runs": cfg.javascript_full_size_runs, "warmup": cfg.warmup,
+                     "batch_size": 1},
         "artifacts": artifacts,
     }
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -119,12 +166,14 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", type=Path, required=True, help="the pipeline's output root (artifacts/)")
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
-    parser.add_argument("--config-json", help="the run's config as JSON: its benchmark section sets lengths and runs")
+    parser.add_argument("--config-json", help="the run's config as JSON: its benchmark section sets lengths, runs, "
+                        "the full-size graph and Chromium's threads")
     args = parser.parse_args(argv)
     setup_logging()
-    cfg = config_from_json(args.config_json).benchmark if args.config_json else BenchmarkConfig()
+    full = config_from_json(args.config_json) if args.config_json else PipelineConfig()
+    bundled = bundled_model(full)
     try:
-        run(args.root, args.out, cfg)
+        run(args.root, args.out, full.benchmark, bundled=(bundled, exported_models(full)[bundled]))
     except WebBenchmarkError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

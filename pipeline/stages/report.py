@@ -19,7 +19,7 @@ logger = logging.getLogger(__name__)
 TARGET_SIZE_MB = 207  # DistilBERT on an iPhone 7 Plus (Sanh et al. 2019)
 PAPER_CPU_SPEEDUP = 1.6  # "60 % faster" than BERT-base on CPU (Sanh et al. 2019)
 SUMMARY_FIELDS = ("name", "model", "format", "precision", "path", "size_mb", "exact_match", "f1", "f1_source",
-                  "latency_ms", "untimed_reason", "peak_rss_mb", "recipe", "session_options")
+                  "latency_ms", "untimed_reason", "peak_rss_mb", "recipe", "session_options", "runtime")
 RANDOM_INIT_ABLATION = "distill_pretrain/random_init_ablation"  # built by target study, not by the default DAG
 TRAINING_LOGS = {"teacher_pretrain": "teacher_pretrain", "teacher_finetune": "teacher",
                  "distill_pretrain (main)": "distill_pretrain/main",
@@ -313,8 +313,16 @@ def latency_text(item: dict, length: int, threads: int) -> str:
     return f"{cell['p50']:.2f} / {cell['p90']:.2f}" if cell else "n/a"
 
 
+def timed_threads(items: list[dict], cfg: PipelineConfig) -> list[int]:
+    """The thread counts of the table's columns: the benchmark's, and any other an entry was timed at (Chromium's
+    benchmark.browser_threads)."""
+    found = {int(threads.removeprefix("threads")) for item in items for cell in (item["latency_ms"] or {}).values()
+             for threads in (cell or {})}
+    return sorted(found | set(cfg.benchmark.threads))
+
+
 def artifact_table(items: list[dict], cfg: PipelineConfig) -> str:
-    lengths, threads = cfg.benchmark.sequence_lengths, cfg.benchmark.threads
+    lengths, threads = cfg.benchmark.sequence_lengths, timed_threads(items, cfg)
     columns = [f"seq {n}, {t} thr p50 / p90 ms" for n in lengths for t in threads]
     lines = ["| artifact | MB | EM | F1 | F1 from | " + " | ".join(columns) + " | peak RSS MB |",
              "|---|---|---|---|---|" + "---|" * len(columns) + "---|"]
@@ -411,6 +419,22 @@ def peer_section(rows: list[dict], cfg: PipelineConfig) -> list[str]:
     return lines + [""] + [peer_verdict(row) for row in rows] + [""]
 
 
+def javascript_note(summary_data: dict, cfg: PipelineConfig) -> list[str]:
+    """Where the JavaScript rows (rule benchmark_web) were timed; nothing when there are none."""
+    javascript = [item for item in summary_data["artifacts"] + summary_data["full_size"] if item["runtime"]]
+    if not javascript:
+        return []
+    runtimes = {item["format"]: item["runtime"] for item in javascript}
+    text = "JavaScript rows: " + "; ".join(f"{fmt} in {runtime}" for fmt, runtime in runtimes.items()) + "."
+    text += " Node: 1 thread."
+    if "onnx-web-chromium" in runtimes:
+        text += (f" Chromium: WebAssembly threads {', '.join(map(str, cfg.benchmark.browser_threads))}; its peak "
+                 "memory is the page's renderer process.")
+    if any(item["model"] not in exported_models(cfg) for item in javascript):
+        text += f" The full-size graph: {cfg.benchmark.javascript_full_size_runs} timed runs."
+    return ["", text]
+
+
 def report_markdown(cfg: PipelineConfig, summary_data: dict, benchmark: dict, goal_rows: list[dict]) -> str:
     machine = summary_data["machine"]
     longest = max(cfg.benchmark.sequence_lengths)
@@ -426,6 +450,7 @@ def report_markdown(cfg: PipelineConfig, summary_data: dict, benchmark: dict, go
         "peak resident memory is the last column). Sizes in MB = 10^6 bytes. 'n/a': the model has fewer positions than "
         "the length, or it cannot be timed here (CoreML runs only on macOS; some full-size artifacts are sized only, "
         "see benchmark.timed_full_size).",
+        *javascript_note(summary_data, cfg),
         "",
         "## Models",
         "",

@@ -1,6 +1,6 @@
 // The demo page: load the bundle served beside this page, answer in the page with onnxruntime-web.
 import * as ort from "../node_modules/onnxruntime-web/dist/ort.wasm.min.mjs";
-import { codePoints, loadBundleFromUrl } from "../src/browser.js";
+import { codePoints, defaultThreads, loadBundleFromUrl } from "../src/browser.js";
 
 const $ = (id) => document.getElementById(id);
 ort.env.wasm.wasmPaths = new URL("../node_modules/onnxruntime-web/dist/", import.meta.url).href;
@@ -19,13 +19,29 @@ function showHighlighted(context, start, end) {
   view.append(chars.slice(end).join(""));
 }
 
+/** The WebAssembly threads asked for: ?threads=N in the page's URL, else as many as the browser allows. */
+function requestedThreads() {
+  const value = new URLSearchParams(location.search).get("threads");
+  if (value === null) return defaultThreads();
+  if (!/^[1-9][0-9]*$/.test(value)) throw new Error(`threads=${value} in the page's URL: expected a whole number of at least 1`);
+  return Number(value);
+}
+
+function threadsText(threads) {
+  const isolation = crossOriginIsolated
+    ? "cross-origin isolated"
+    : "not cross-origin isolated, so one thread: the server must send Cross-Origin-Opener-Policy and Cross-Origin-Embedder-Policy";
+  return `${threads} thread${threads === 1 ? "" : "s"} (${isolation})`;
+}
+
 async function main() {
-  const { answerer, qaConfig, modelBytes } = await loadBundleFromUrl(ort, "bundle/", { threads: 1 });
+  const { answerer, qaConfig, modelBytes, threads } = await loadBundleFromUrl(ort, "bundle/", { threads: requestedThreads() });
   const sizeMb = (modelBytes / 1e6).toFixed(2);
   $("model-size").textContent = `${qaConfig.onnx.model}, ${sizeMb} MB`;
   $("status").textContent =
-    `Model ${qaConfig.onnx.model} (${sizeMb} MB) loaded: onnxruntime-web ${ort.env.versions.web}, WebAssembly, 1 thread; ` +
-    `windows of ${qaConfig.max_seq_length} tokens, stride ${qaConfig.doc_stride}.`;
+    `Model ${qaConfig.onnx.model} (${sizeMb} MB) loaded: onnxruntime-web ${ort.env.versions.web}, WebAssembly, ` +
+    `${threadsText(threads)}; windows of ${qaConfig.max_seq_length} tokens, stride ${qaConfig.doc_stride}.`;
+  document.body.dataset.threads = String(threads);
   $("ask").disabled = false;
 
   async function ask() {

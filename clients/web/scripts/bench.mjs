@@ -1,52 +1,67 @@
-// Latency of one ONNX question-answering model in onnxruntime-node or onnxruntime-web (WebAssembly):
-// batch 1, every token attended, p50/p90 over --runs timed runs after --warmup untimed ones, 1 thread.
-//   node scripts/bench.mjs --model FILE --backend node|web --lengths 128,384 --vocab-size N
-//        [--max-positions N] [--runs 20] [--warmup 3] [--threads 1] --out FILE
-// Lengths beyond --max-positions get null (the model has no positions for them). The output holds
-// {backend, runtime, node, latency_ms: {seqL: {threadsT: {p50, p90}} | null}, peak_rss_mb}.
-import { renameSync, writeFileSync } from "node:fs";
+// Latency of one ONNX question-answering model in onnxruntime-node, onnxruntime-web (WebAssembly) in Node, or
+// onnxruntime-web in headless Chromium: batch 1, every token attended, p50/p90 over --runs timed runs after
+// --warmup untimed ones (src/latency.js, the same code in Node and in the page), at --threads threads.
+//   node scripts/bench.mjs --model FILE --backend node|web|chromium --lengths 128,384 --vocab-size N
+//        [--max-positions N] [--runs 20] [--warmup 3] [--threads 1] [--no-isolation] --out FILE
+// chromium: the page bench/ served on 127.0.0.1 by serve-demo.mjs, cross-origin isolated (unless --no-isolation)
+// so that WebAssembly threads run; a page that runs fewer threads than asked is an error, never a figure. Lengths beyond
+// --max-positions get null (the model has no positions for them). The output holds {backend, runtime, node,
+// threads, latency_ms: {seqL: {threadsT: {p50, p90}} | null}, peak_rss_mb} (chromium: the renderer's peak, and
+// browser, the Chromium version). runtime names the runtime; the thread count is in the latency keys.
+import { mkdtempSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { readFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { basename, dirname, join } from "node:path";
 import { parseArgs } from "node:util";
+import { timeLengths } from "../src/latency.js";
 import { onnxRuntime, sessionOptions } from "../src/node.js";
+import { serve } from "./serve-demo.mjs";
 
-/** numpy.percentile's default (linear interpolation between the closest ranks). */
-export function percentile(values, q) {
-  const sorted = [...values].sort((a, b) => a - b);
-  const rank = (q / 100) * (sorted.length - 1);
-  const low = Math.floor(rank);
-  const high = Math.ceil(rank);
-  return sorted[low] + (sorted[high] - sorted[low]) * (rank - low);
-}
-
-/** A seeded batch-1 input of `length` random token ids in [5, vocabSize) (ids below 5 are special tokens). */
-function syntheticFeeds(ort, inputNames, length, vocabSize, seed = 0) {
-  let state = seed + 1;
-  const random = () => {
-    state = (state * 1103515245 + 12345) % 2147483648;
-    return state / 2147483648;
+async function timeInNode(settings) {
+  const ort = await onnxRuntime(settings.backend);
+  const model = await readFile(settings.model);
+  const session = await ort.InferenceSession.create(new Uint8Array(model), sessionOptions(ort, settings.backend, settings.threads));
+  const latency = await timeLengths(ort, session, settings);
+  const runtime = settings.backend === "web"
+    ? `onnxruntime-web ${ort.env.versions.web} (WebAssembly, in Node ${process.versions.node})`
+    : `onnxruntime-node ${ort.env.versions.node} (native CPU)`;
+  return {
+    runtime, latency_ms: latency,
+    peak_rss_mb: Math.round(process.resourceUsage().maxRSS / 102.4) / 10, // maxRSS is in kB
   };
-  const feeds = {};
-  for (const name of inputNames) {
-    const data = new BigInt64Array(length);
-    for (let i = 0; i < length; i += 1) {
-      if (name === "input_ids") data[i] = BigInt(5 + Math.floor(random() * (vocabSize - 5)));
-      else if (name === "attention_mask") data[i] = 1n;
-    }
-    feeds[name] = new ort.Tensor("int64", data, [1, length]);
-  }
-  return feeds;
 }
 
-async function timeRuns(session, feeds, runs, warmup) {
-  for (let i = 0; i < warmup; i += 1) await session.run(feeds);
-  const times = [];
-  for (let i = 0; i < runs; i += 1) {
-    const start = process.hrtime.bigint();
-    await session.run(feeds);
-    times.push(Number(process.hrtime.bigint() - start) / 1e6);
+async function timeInChromium(settings) {
+  const { launchChromium, rendererPeakRssMb, TIMEOUT_MS } = await import("./chromium.mjs"); // puppeteer only here
+  const scratch = mkdtempSync(join(tmpdir(), "qa-bench-"));
+  const server = await serve({ "/model/": dirname(settings.model) }, 0, { isolation: settings.isolation });
+  let browser;
+  try {
+    browser = await launchChromium(scratch);
+    const page = await browser.newPage();
+    const pageErrors = [];
+    page.on("pageerror", (error) => pageErrors.push(error.message));
+    const origin = `http://127.0.0.1:${server.address().port}`;
+    await page.goto(`${origin}/bench/`, { waitUntil: "load", timeout: TIMEOUT_MS });
+    await page.waitForFunction(() => document.body.dataset.ready === "true", { timeout: TIMEOUT_MS }).catch(() => {
+      throw new Error(`the latency page did not load: ${pageErrors.join("; ") || "no error reported"}`);
+    });
+    const result = await page.evaluate((pageSettings) => window.runBenchmark(pageSettings), {
+      modelUrl: `${origin}/model/${encodeURIComponent(basename(settings.model))}`, lengths: settings.lengths,
+      vocabSize: settings.vocabSize, maxPositions: Number.isFinite(settings.maxPositions) ? settings.maxPositions : null,
+      runs: settings.runs, warmup: settings.warmup, threads: settings.threads,
+    });
+    const version = (await browser.version()).replace(/^(Headless)?Chrome\//, "");
+    const isolation = result.cross_origin_isolated ? "cross-origin isolated" : "not cross-origin isolated";
+    return {
+      runtime: `onnxruntime-web ${result.version} (WebAssembly, in Chromium ${version}, ${isolation})`,
+      browser: `Chromium ${version}`, latency_ms: result.latency_ms, peak_rss_mb: await rendererPeakRssMb(browser),
+    };
+  } finally {
+    if (browser) await browser.close();
+    server.close();
+    rmSync(scratch, { recursive: true, force: true });
   }
-  const round = (value) => Math.round(value * 1000) / 1000;
-  return { p50: round(percentile(times, 50)), p90: round(percentile(times, 90)) };
 }
 
 async function main() {
@@ -55,34 +70,25 @@ async function main() {
       model: { type: "string" }, backend: { type: "string", default: "node" }, lengths: { type: "string", default: "128,384" },
       "vocab-size": { type: "string" }, "max-positions": { type: "string" }, runs: { type: "string", default: "20" },
       warmup: { type: "string", default: "3" }, threads: { type: "string", default: "1" }, out: { type: "string" },
+      "no-isolation": { type: "boolean", default: false },
     },
   });
   if (!values.model || !values.out || !values["vocab-size"]) {
     console.error("error: --model FILE, --vocab-size N and --out FILE are required");
     process.exit(2);
   }
-  const lengths = values.lengths.split(",").map(Number);
-  const threads = Number(values.threads);
-  const maxPositions = values["max-positions"] ? Number(values["max-positions"]) : Infinity;
-  const ort = await onnxRuntime(values.backend);
-  const model = await readFile(values.model);
-  const session = await ort.InferenceSession.create(new Uint8Array(model), sessionOptions(ort, values.backend, threads));
-  const latency = {};
-  for (const length of lengths) {
-    if (length > maxPositions) {
-      latency[`seq${length}`] = null; // the model has fewer positions than this length
-      continue;
-    }
-    const feeds = syntheticFeeds(ort, session.inputNames, length, Number(values["vocab-size"]));
-    latency[`seq${length}`] = { [`threads${threads}`]: await timeRuns(session, feeds, Number(values.runs), Number(values.warmup)) };
+  if (!["node", "web", "chromium"].includes(values.backend)) {
+    console.error(`error: --backend ${values.backend}: expected node, web or chromium`);
+    process.exit(2);
   }
-  const runtime = values.backend === "web"
-    ? `onnxruntime-web ${ort.env.versions.web} (WebAssembly, ${threads} thread${threads === 1 ? "" : "s"}, in Node ${process.versions.node})`
-    : `onnxruntime-node ${ort.env.versions.node} (native CPU, ${threads} thread${threads === 1 ? "" : "s"})`;
-  const result = {
-    backend: values.backend, runtime, node: process.versions.node, latency_ms: latency,
-    peak_rss_mb: Math.round(process.resourceUsage().maxRSS / 102.4) / 10, // maxRSS is in kB
+  const settings = {
+    model: values.model, backend: values.backend, lengths: values.lengths.split(",").map(Number),
+    vocabSize: Number(values["vocab-size"]), runs: Number(values.runs), warmup: Number(values.warmup),
+    threads: Number(values.threads), maxPositions: values["max-positions"] ? Number(values["max-positions"]) : Infinity,
+    isolation: !values["no-isolation"],
   };
+  const timed = settings.backend === "chromium" ? await timeInChromium(settings) : await timeInNode(settings);
+  const result = { backend: settings.backend, node: process.versions.node, threads: settings.threads, ...timed };
   writeFileSync(`${values.out}.partial`, JSON.stringify(result, null, 1));
   renameSync(`${values.out}.partial`, values.out);
 }

@@ -1,20 +1,18 @@
 // Ask questions in the demo page in headless Chromium, as a user would, and record the answers it shows.
 //   node scripts/browser-check.mjs --bundle DIR --questions FILE --out FILE --screenshot FILE.png
+//        [--threads N] [--no-isolation]
 // FILE: a JSON list of {id, question, context}. The bundle is copied to a temporary folder and served on
-// 127.0.0.1; Chromium is the system one (CHROMIUM_PATH, default /usr/bin/chromium), never a download.
-// The output holds {answers: {id: text shown}, latency_ms: {id: latency shown}, status, user_agent}.
+// 127.0.0.1 by serve-demo.mjs (cross-origin isolated unless --no-isolation); Chromium is the system one
+// (CHROMIUM_PATH, default /usr/bin/chromium), never a download. --threads N opens the page with ?threads=N
+// (default: the page's own choice, as many as the browser allows). The output holds {answers: {id: text
+// shown}, latency_ms: {id: latency shown}, status, cross_origin_isolated, hardware_concurrency, threads (the
+// count onnxruntime-web runs), workers (the page's workers: the WebAssembly threads but the page's own), user_agent}.
 import { mkdtempSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
-import puppeteer from "puppeteer-core";
+import { launchChromium, pageIsolation, TIMEOUT_MS } from "./chromium.mjs";
 import { copyBundle, serve } from "./serve-demo.mjs";
-
-const CHROMIUM_FLAGS = [
-  "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-  "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
-];
-const TIMEOUT_MS = 60_000;
 
 async function askAll(page, questions) {
   const answers = {};
@@ -34,6 +32,7 @@ async function main() {
   const { values } = parseArgs({
     options: {
       bundle: { type: "string" }, questions: { type: "string" }, out: { type: "string" }, screenshot: { type: "string" },
+      threads: { type: "string" }, "no-isolation": { type: "boolean", default: false },
     },
   });
   if (!values.bundle || !values.questions || !values.out || !values.screenshot) {
@@ -42,20 +41,17 @@ async function main() {
   }
   const questions = JSON.parse(readFileSync(values.questions, "utf8"));
   const scratch = mkdtempSync(join(tmpdir(), "qa-demo-"));
-  const server = await serve(join(scratch, "bundle"), 0);
+  const server = await serve({ "/demo/bundle/": join(scratch, "bundle") }, 0, { isolation: !values["no-isolation"] });
   let browser;
   try {
     copyBundle(values.bundle, join(scratch, "bundle"));
-    browser = await puppeteer.launch({
-      executablePath: process.env.CHROMIUM_PATH || "/usr/bin/chromium",
-      args: [...CHROMIUM_FLAGS, `--user-data-dir=${join(scratch, "profile")}`],
-      headless: true,
-    });
+    browser = await launchChromium(scratch);
     const page = await browser.newPage();
     await page.setViewport({ width: 1000, height: 900 });
     const pageErrors = [];
     page.on("pageerror", (error) => pageErrors.push(error.message));
-    const url = `http://127.0.0.1:${server.address().port}/demo/`;
+    const query = values.threads === undefined ? "" : `?threads=${encodeURIComponent(values.threads)}`;
+    const url = `http://127.0.0.1:${server.address().port}/demo/${query}`;
     await page.goto(url, { waitUntil: "load", timeout: TIMEOUT_MS });
     await page.waitForFunction(() => document.body.dataset.ready === "true" || document.body.dataset.error,
       { timeout: TIMEOUT_MS });
@@ -66,6 +62,8 @@ async function main() {
     const result = {
       url, answers, latency_ms: latencies, status: await page.$eval("#status", (element) => element.textContent),
       model_size: await page.$eval("#model-size", (element) => element.textContent),
+      ...(await pageIsolation(page)),
+      threads: Number(await page.evaluate(() => document.body.dataset.threads)), workers: page.workers().length,
       user_agent: await browser.userAgent(), page_errors: pageErrors,
     };
     writeFileSync(`${values.out}.partial`, JSON.stringify(result, null, 1));

@@ -1,7 +1,9 @@
 // Copy an app bundle beside the demo page and serve the page on 127.0.0.1 (nothing leaves this machine).
-//   npm run demo -- --bundle ../../artifacts/bundle [--port 8080] [--bundle-copy DIR]
-// The page is at http://127.0.0.1:PORT/demo/ ; --port 0 picks a free port. The first line printed is
-// "serving URL". The copy holds qa_config.json, the tokenizer files, the ONNX model and manifest.json.
+//   npm run demo -- --bundle ../../artifacts/bundle [--port 8080] [--bundle-copy DIR] [--no-isolation]
+// The page is at http://127.0.0.1:PORT/demo/ (?threads=N sets its WebAssembly threads); --port 0 picks a free
+// port. The first line printed is "serving URL". The copy holds qa_config.json, the tokenizer files, the ONNX
+// model and manifest.json. Every response makes the page cross-origin isolated (ISOLATION_HEADERS), which
+// WebAssembly threads need; --no-isolation leaves the headers out, to see the page fall back to one thread.
 import { copyFileSync, createReadStream, existsSync, mkdirSync, readFileSync, renameSync, rmSync, statSync } from "node:fs";
 import { createServer } from "node:http";
 import { dirname, extname, join, normalize, resolve, sep } from "node:path";
@@ -34,15 +36,28 @@ export function copyBundle(bundleDir, target) {
   renameSync(staging, target);
 }
 
-/** A static server of the client folder, with /demo/bundle/ mapped to `bundleCopy`. */
-export function serve(bundleCopy, port) {
+// Cross-origin isolation: without it the browser withholds SharedArrayBuffer, and onnxruntime-web runs one
+// WebAssembly thread whatever numThreads says. Everything the pages load comes from this server (same origin).
+export const ISOLATION_HEADERS = {
+  "Cross-Origin-Opener-Policy": "same-origin",
+  "Cross-Origin-Embedder-Policy": "require-corp",
+};
+
+/**
+ * A static server of the client folder on 127.0.0.1, with each URL prefix of `mounts` ("/demo/bundle/": a
+ * folder) mapped to its folder. `isolation: false` leaves out the cross-origin isolation headers.
+ */
+export function serve(mounts, port, { isolation = true } = {}) {
   const server = createServer((request, response) => {
     const path = decodeURIComponent(new URL(request.url, "http://127.0.0.1").pathname);
     let root = CLIENT_DIR;
     let relative = path;
-    if (path.startsWith("/demo/bundle/")) {
-      root = bundleCopy;
-      relative = path.slice("/demo/bundle/".length);
+    for (const [prefix, folder] of Object.entries(mounts)) {
+      if (path.startsWith(prefix)) {
+        root = resolve(folder);
+        relative = path.slice(prefix.length);
+        break;
+      }
     }
     let file = resolve(root, "." + sep + normalize(relative));
     if (file !== root && !file.startsWith(root + sep)) {
@@ -54,7 +69,10 @@ export function serve(bundleCopy, port) {
       response.writeHead(404).end();
       return;
     }
-    response.writeHead(200, { "Content-Type": MIME_TYPES[extname(file)] ?? "application/octet-stream", "Cache-Control": "no-store" });
+    response.writeHead(200, {
+      "Content-Type": MIME_TYPES[extname(file)] ?? "application/octet-stream", "Cache-Control": "no-store",
+      ...(isolation ? ISOLATION_HEADERS : {}),
+    });
     createReadStream(file).pipe(response);
   });
   return new Promise((resolvePromise) => server.listen(port, "127.0.0.1", () => resolvePromise(server)));
@@ -65,6 +83,7 @@ async function main() {
     options: {
       bundle: { type: "string" }, port: { type: "string", default: "8080" },
       "bundle-copy": { type: "string", default: join(CLIENT_DIR, "demo", "bundle") },
+      "no-isolation": { type: "boolean", default: false },
     },
   });
   if (!values.bundle) {
@@ -78,7 +97,7 @@ async function main() {
     console.error(`error: ${error.message}`);
     process.exit(2);
   }
-  const server = await serve(bundleCopy, Number(values.port));
+  const server = await serve({ "/demo/bundle/": bundleCopy }, Number(values.port), { isolation: !values["no-isolation"] });
   console.log(`serving http://127.0.0.1:${server.address().port}/demo/`);
 }
 
