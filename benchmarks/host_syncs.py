@@ -37,12 +37,14 @@ CHECKPOINTS = ("save_checkpoint",)
 
 
 def _location(frame: traceback.FrameSummary) -> str:
+    """file:line function, the file relative to the import path it was found on (pipeline/..., transformers/...)."""
     filename = frame.filename
-    for marker in ("/site-packages/", "/dist-packages/"):
-        if marker in filename:
-            filename = filename.split(marker, 1)[1]
     if filename.startswith(PIPELINE_DIR):
         filename = "pipeline" + filename[len(PIPELINE_DIR):]
+    else:
+        roots = sorted((p for p in sys.path if p and filename.startswith(p.rstrip("/") + "/")), key=len, reverse=True)
+        if roots:
+            filename = filename[len(roots[0].rstrip("/")) + 1:]
     return f"{filename}:{frame.lineno} {frame.name}"
 
 
