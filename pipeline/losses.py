@@ -335,12 +335,16 @@ def tinybert_hidden_loss(
     None only when Hs == Ht.
     """
     _check_same_length(student_hidden, teacher_hidden, "tinybert_hidden_loss")
-    keep = attention_mask.bool()
+    # Padding is weighted out, not indexed out: a boolean index counts the mask on the host, which on a GPU waits
+    # for the device at every layer of every step. Padded rows are projected too and carry weight 0. In fp32,
+    # as autocast runs mse_loss.
+    keep = attention_mask.to(torch.float32).unsqueeze(-1)  # [B, S, 1]
     total = None
     for student_layer, teacher_layer in zip(student_hidden, teacher_hidden):
-        student_rows = _project(student_layer[keep], teacher_layer.shape[-1], projection)
-        teacher_rows = teacher_layer.detach()[keep]
-        layer_loss = F.mse_loss(student_rows, teacher_rows) if len(teacher_rows) else _zero_with_graph(student_rows)
+        width = teacher_layer.shape[-1]
+        student_layer = _project(student_layer, width, projection)
+        squared_error = (student_layer.float() - teacher_layer.detach().float()).pow(2) * keep
+        layer_loss = squared_error.sum() / (keep.sum() * width).clamp(min=1)  # no kept rows: 0, graph intact
         total = layer_loss if total is None else total + layer_loss
     return total
 

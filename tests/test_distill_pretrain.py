@@ -87,6 +87,22 @@ def test_the_stage_loss_is_the_tested_triple_loss_on_the_whole_grid(artifacts, r
         assert torch.allclose(terms[name], reference[name], atol=1e-5), name
 
 
+def test_the_loss_takes_a_torch_compiled_student_encoder(artifacts):
+    # train.torch_compile passes torch.compile(student.distilbert) as the student's forward; asking such a module
+    # for its truth value calls its len(), which raises. The eager backend compiles nothing, so this runs on CPU.
+    student, teacher = models(artifacts)
+    student.eval()
+    batch = batch_for(artifacts)
+    cfg = DistillPretrainConfig()
+    compiled = torch.compile(student.distilbert, backend="eager")
+    with pytest.raises(TypeError):
+        bool(compiled)
+    terms = distill_pretrain.distillation_terms(student, teacher, batch, cfg, compiled)
+    plain = distill_pretrain.distillation_terms(student, teacher, batch, cfg)
+    for name in ("loss", "ce", "mlm", "cos"):
+        assert torch.allclose(terms[name], plain[name], atol=1e-5), name
+
+
 def test_restricting_ce_to_masked_positions_changes_the_term(artifacts):
     student, teacher = models(artifacts)
     student.eval()

@@ -63,6 +63,13 @@ def test_ce_only_baseline_uses_no_teacher(artifacts, tmp_path):
     metrics = run_distill_squad(artifacts, tmp_path, teacher=False)
     assert metrics["objectives"] == [] and "teacher_f1" not in metrics
     assert logged_terms(tmp_path) >= {"task", "loss"} and "kd" not in logged_terms(tmp_path)
+    # The output folder answers through transformers' QA pipeline (DistilBERT takes no token_type_ids).
+    import transformers
+
+    answerer = transformers.pipeline("question-answering", model=str(tmp_path / "out"), device="cpu")
+    context = "The company was founded in Lisbon in 1901."
+    answer = answerer(question="Where was the company founded?", context=context)
+    assert context[answer["start"] : answer["end"]] == answer["answer"]
 
 
 @pytest.mark.parametrize(

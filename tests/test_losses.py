@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import BertForMaskedLM, DistilBertForMaskedLM
 
 from pipeline.losses import (
@@ -548,3 +549,41 @@ def test_the_teacher_trains_on_the_students_task_loss():
     out = model(input_ids=input_ids, start_positions=starts, end_positions=ends)
     expected = qa_task_loss(out.start_logits, out.end_logits, starts, ends)
     assert torch.allclose(out.loss, expected, rtol=1e-6)
+
+
+class DataDependentOps(TorchDispatchMode):
+    """Records the operations that read a tensor's values on the host: on a GPU each one waits for the device."""
+
+    READS = {"aten.nonzero", "aten._local_scalar_dense", "aten.masked_select", "aten.is_nonzero"}
+
+    def __init__(self):
+        super().__init__()
+        self.found = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func.overloadpacket)
+        boolean_index = name in ("aten.index", "aten.index_put") and any(
+            isinstance(index, torch.Tensor) and index.dtype == torch.bool for index in (args[1] or []))
+        if name in self.READS or boolean_index:
+            self.found.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def test_tinybert_losses_never_read_the_mask_on_the_host():
+    # The intermediate-layer losses run every step of distill_squad's first phase: forward and backward must not
+    # count the padding mask on the host (a boolean index does), and the value is the MSE over real tokens.
+    generator = torch.Generator().manual_seed(0)
+    attention_mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
+    student = torch.randn(2, 4, 3, generator=generator, requires_grad=True)
+    teacher = torch.randn(2, 4, 5, generator=generator)
+    projection = nn.Linear(3, 5)
+    scores = torch.randn(2, 2, 4, 4, generator=generator, requires_grad=True)
+    with DataDependentOps() as recorder:
+        hidden = tinybert_hidden_loss([student, student], [teacher, teacher], projection, attention_mask)
+        embedding = tinybert_embedding_loss(student, teacher, projection, attention_mask)
+        attention = tinybert_attention_loss([scores], [torch.randn(2, 2, 4, 4, generator=generator)], attention_mask)
+        (hidden + embedding + attention).backward()
+    assert recorder.found == []
+    keep = attention_mask.bool()
+    expected = nn.functional.mse_loss(projection(student[keep]), teacher[keep])
+    assert torch.allclose(hidden, 2 * expected) and torch.allclose(embedding, expected)

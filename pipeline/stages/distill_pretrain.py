@@ -53,7 +53,8 @@ def distillation_terms(
     student_forward=None,
 ) -> dict[str, torch.Tensor]:
     """Both models on a masked batch (MaskedBatchCollator's keys), then the triple loss on the rows it reads."""
-    student_forward = student_forward or student.distilbert
+    # `is None`, not `or`: the truth value of a torch.compile'd module is its len(), which raises.
+    student_forward = student.distilbert if student_forward is None else student_forward
     inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
     student_hidden = student_forward(**inputs).last_hidden_state
     with torch.no_grad():

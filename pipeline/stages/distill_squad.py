@@ -18,6 +18,7 @@ second distillation step adds.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import logging
 import os
@@ -490,6 +491,12 @@ def run(
         metrics["teacher_f1"] = teacher_metrics["f1"]
         metrics["teacher_exact_match"] = teacher_metrics["exact_match"]
         metrics["f1_relative_to_teacher"] = round(metrics["f1"] / max(teacher_metrics["f1"], 1e-9), 4)
+    # The folder loads in transformers.pipeline("question-answering"), which feeds the model every input the
+    # tokenizer names: DistilBERT takes no token_type_ids (a BERT WordPiece tokenizer names them by default).
+    # save_pretrained writes the attribute of each key of init_kwargs.
+    accepted = inspect.signature(student.forward).parameters
+    tokenizer.model_input_names = [name for name in tokenizer.model_input_names if name in accepted]
+    tokenizer.init_kwargs["model_input_names"] = tokenizer.model_input_names
     with atomic_output_dir(out_dir, cfg) as tmp:
         student.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
