@@ -91,30 +91,35 @@ def test_the_benchmark_builds_and_times_the_peers_named_in_timed_full_size(tiny_
     assert benchmark.peer_artifacts(tiny_full_size, only_torch, tmp_path / "none") == []
 
 
-def cell(p50):
-    return {"p50": p50, "p90": p50 * 1.1}
+def cell(p50, spread=0.1):
+    return {"p50": p50, "p90": round(p50 * (1 + spread), 3)}
 
 
-def test_the_report_says_where_ours_is_ahead_of_each_peer_and_where_it_is_not():
+def test_the_report_says_where_ours_is_ahead_of_each_peer_beyond_the_noise_and_where_not():
     cfg = tiny_config(benchmark={"sequence_lengths": [128, 384], "threads": [1, 2]})
     ours = {"name": "distilbert/onnx-int8-optimized", "size_mb": 66.0, "latency_ms": {
         "seq128": {"threads1": cell(30.0), "threads2": cell(20.0)},
         "seq384": {"threads1": cell(100.0), "threads2": cell(60.0)}}}
     slower = {"name": "distilbert/onnx-ortquantizer-int8", "tool": "ORTQuantizer", "peer_of": ours["name"],
-              "size_mb": 66.5, "latency_ms": {"seq128": {"threads1": cell(33.0), "threads2": cell(21.0)},
-                                              "seq384": {"threads1": cell(125.0), "threads2": cell(66.0)}}}
+              "size_mb": 66.5, "latency_ms": {"seq128": {"threads1": cell(33.5), "threads2": cell(23.0)},
+                                              "seq384": {"threads1": cell(125.0), "threads2": cell(70.0)}}}
     mixed = {"name": "distilbert/torch-dynamic-int8", "tool": "torch.ao", "peer_of": ours["name"], "size_mb": 132.0,
-             "latency_ms": {"seq128": {"threads1": cell(36.0), "threads2": None},
-                            "seq384": {"threads1": cell(95.0), "threads2": cell(70.0)}}}
+             "latency_ms": {"seq128": {"threads1": cell(31.0), "threads2": None},
+                            "seq384": {"threads1": cell(80.0), "threads2": cell(70.0)}}}
     rows = report.peer_comparison({"artifacts": [ours, slower, mixed]}, cfg)
     assert [row["name"] for row in rows] == [slower["name"], mixed["name"]]
-    assert rows[0]["latency"]["seq384"]["threads1"] == {"peer_p50": 125.0, "ours_p50": 100.0, "ratio": 1.25}
+    assert rows[0]["latency"]["seq384"]["threads1"] == {"peer_p50": 125.0, "peer_p90": 137.5, "ours_p50": 100.0,
+                                                        "ours_p90": 110.0, "ratio": 1.25, "verdict": "ahead"}
     assert rows[1]["size_ratio"] == 2.0 and "threads2" not in rows[1]["latency"]["seq128"]
+    assert rows[1]["latency"]["seq128"]["threads1"]["verdict"] == "within noise"  # 31 is inside ours' 30 to 33
+    assert rows[1]["latency"]["seq384"]["threads1"]["verdict"] == "behind"  # its p90 88 is below our p50 100
     verdicts = [report.peer_verdict(row) for row in rows]
-    assert "faster at all 4 length/thread points" in verdicts[0] and "1.05x to 1.25x" in verdicts[0]
-    assert "faster at 2 of 3 points" in verdicts[1] and "not faster** at seq 384, 1 thr (0.95x)" in verdicts[1]
+    assert "is ahead at 4 of 4 points" in verdicts[0] and "seq 384, 1 thr: 1.25x" in verdicts[0]
+    assert "ahead at 1 of 3 points (seq 384, 2 thr: 1.17x)" in verdicts[1]
+    assert "within the run-to-run spread (p50 to p90) at 1 of 3 points (seq 128, 1 thr: 1.03x)" in verdicts[1]
+    assert "**behind** at 1 of 3 points (seq 384, 1 thr: 0.80x)" in verdicts[1]
     section = "\n".join(report.peer_section(rows, cfg))
-    assert "125.0 / 100.0 = 1.25x" in section and "n/a" in section
+    assert "125.0 / 100.0 = 1.25x, ahead" in section and "n/a" in section
 
 
 def test_the_summary_schema_takes_the_peer_rows():
@@ -125,7 +130,8 @@ def test_the_summary_schema_takes_the_peer_rows():
     schema = json.loads((PROJECT_ROOT / "configs" / "summary.schema.json").read_text())
     peer_schema = {**schema["properties"]["peers"], "definitions": schema["definitions"]}
     row = {"name": "p", "tool": "t", "ours": "o", "size_mb": 1.0, "ours_size_mb": 2.0, "size_ratio": 0.5,
-           "latency": {"seq128": {"threads1": {"peer_p50": 2.0, "ours_p50": 1.0, "ratio": 2.0}}}}
+           "latency": {"seq128": {"threads1": {"peer_p50": 2.0, "peer_p90": 2.1, "ours_p50": 1.0, "ours_p90": 1.1,
+                                               "ratio": 2.0, "verdict": "ahead"}}}}
     jsonschema.validate([row], peer_schema)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate([{**row, "latency": {"seq128": {"threads1": {"p50": 2.0}}}}], peer_schema)

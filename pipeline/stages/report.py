@@ -97,9 +97,25 @@ def summary(cfg: PipelineConfig, root: Path, benchmark: dict) -> dict:
     }
 
 
+def latency_cell(artifacts: dict, name: str, length: int, threads: int) -> dict | None:
+    latency = (artifacts.get(name) or {}).get("latency_ms") or {}
+    return (latency.get(f"seq{length}") or {}).get(f"threads{threads}")
+
+
+def verdict(peer: dict, ours: dict) -> str:
+    """"ahead" when the peer's median is slower than our p90, "behind" when its p90 is faster than our median, and
+    "within noise" otherwise: a difference inside the run-to-run spread is not claimed either way."""
+    if peer["p50"] > ours["p90"]:
+        return "ahead"
+    if peer["p90"] < ours["p50"]:
+        return "behind"
+    return "within noise"
+
+
 def peer_comparison(benchmark: dict, cfg: PipelineConfig) -> list[dict]:
-    """Each peer (rule benchmark's "peer_of" artifacts) beside our int8 graph of the same architecture: p50 at every
-    length and thread count, and peer / ours (above 1: ours is faster; sizes likewise)."""
+    """Each peer (rule benchmark's "peer_of" artifacts) beside our int8 graph of the same architecture at every
+    length and thread count: both p50 and p90, peer p50 / ours p50 (above 1: ours is faster; sizes likewise) and
+    the verdict that the spread allows."""
     by_name = {item["name"]: item for item in benchmark["artifacts"]}
     rows = []
     for peer in benchmark["artifacts"]:
@@ -109,10 +125,13 @@ def peer_comparison(benchmark: dict, cfg: PipelineConfig) -> list[dict]:
         latency = {}
         for length in cfg.benchmark.sequence_lengths:
             for threads in cfg.benchmark.threads:
-                peer_ms, ours_ms = p50(by_name, peer["name"], length, threads), p50(by_name, peer["peer_of"], length, threads)
-                if peer_ms is not None and ours_ms is not None:
+                peer_cell = latency_cell(by_name, peer["name"], length, threads)
+                ours_cell = latency_cell(by_name, peer["peer_of"], length, threads)
+                if peer_cell and ours_cell:
                     latency.setdefault(f"seq{length}", {})[f"threads{threads}"] = {
-                        "peer_p50": peer_ms, "ours_p50": ours_ms, "ratio": ratio(peer_ms, ours_ms)}
+                        "peer_p50": peer_cell["p50"], "peer_p90": peer_cell["p90"], "ours_p50": ours_cell["p50"],
+                        "ours_p90": ours_cell["p90"], "ratio": ratio(peer_cell["p50"], ours_cell["p50"]),
+                        "verdict": verdict(peer_cell, ours_cell)}
         rows.append({"name": peer["name"], "tool": peer["tool"], "ours": peer["peer_of"], "size_mb": peer["size_mb"],
                      "ours_size_mb": ours.get("size_mb"), "size_ratio": ratio(peer["size_mb"], ours.get("size_mb")),
                      "latency": latency})
@@ -120,23 +139,23 @@ def peer_comparison(benchmark: dict, cfg: PipelineConfig) -> list[dict]:
 
 
 def peer_verdict(row: dict) -> str:
-    """One plain sentence: where ours is faster than this peer and by how much, and where it is not."""
-    points = [(key, threads, cell["ratio"]) for key, by_threads in row["latency"].items()
+    """One plain sentence: where ours is ahead of this peer beyond the run-to-run spread and by how much, where the
+    two are within it, and where ours is behind."""
+    points = [(f"seq {key[3:]}, {threads[7:]} thr", cell) for key, by_threads in row["latency"].items()
               for threads, cell in by_threads.items()]
     if not points:
         return f"- {row['name']}: not timed against {row['ours']}."
-    label = lambda key, threads: f"seq {key[3:]}, {threads[7:]} thr"  # noqa: E731
-    ahead = [(label(k, t), r) for k, t, r in points if r > 1]
-    behind = [(label(k, t), r) for k, t, r in points if r <= 1]
-    if not behind:
-        text = (f"{row['ours']} is faster at all {len(points)} length/thread points: {row['name']} takes "
-                f"{min(r for _, r in ahead):.2f}x to {max(r for _, r in ahead):.2f}x its time")
-    else:
-        text = (f"{row['ours']} is faster at {len(ahead)} of {len(points)} points and **not faster** at "
-                + ", ".join(f"{where} ({r:.2f}x)" for where, r in behind))
+    parts = []
+    for kind, words in (("ahead", "ahead"), ("within noise", "within the run-to-run spread (p50 to p90)"),
+                        ("behind", "**behind**")):
+        where = [(label, cell["ratio"]) for label, cell in points if cell["verdict"] == kind]
+        if where:
+            parts.append(f"{words} at {len(where)} of {len(points)} points ("
+                         + ", ".join(f"{label}: {r:.2f}x" for label, r in where) + ")")
     size = row["size_ratio"]
-    size_text = "" if size is None else f"; {row['name']} is {size:.2f}x its size on disk"
-    return f"- {row['name']} ({row['tool']}): {text}{size_text}."
+    size_text = "" if size is None else f" On disk the peer is {size:.2f}x our size."
+    return (f"- {row['name']} ({row['tool']}): {row['ours']} is " + "; ".join(parts)
+            + f" (the peer's p50 / ours).{size_text}")
 
 
 # --------------------------------------------------------------------------------------------------- goals
@@ -403,8 +422,9 @@ def peer_section(rows: list[dict], cfg: PipelineConfig) -> list[str]:
     columns = [f"seq {n}, {t} thr" for n in lengths for t in threads]
     lines = ["## Peers: the int8 paths a user would otherwise pick, timed in the same run", "",
              "Each cell: the peer's p50 ms / ours (the same architecture's onnx-int8-optimized) p50 ms = ratio "
-             f"(above 1: ours is faster). p50 over {cfg.benchmark.runs} timed runs each; the p90 of every artifact is "
-             "in the full-size table above.", "",
+             f"(above 1: ours is faster), over {cfg.benchmark.runs} timed runs each, and the verdict: ahead when the "
+             "peer's p50 is above our p90, behind when its p90 is below our p50, else within the run-to-run spread "
+             "(every p90 is in the full-size table above).", "",
              "| peer | vs | MB (peer / ours) | " + " | ".join(columns) + " |",
              "|---|---|---|" + "---|" * len(columns)]
     for row in rows:
@@ -413,7 +433,7 @@ def peer_section(rows: list[dict], cfg: PipelineConfig) -> list[str]:
             for t in threads:
                 cell = (row["latency"].get(f"seq{n}") or {}).get(f"threads{t}")
                 cells.append("n/a" if cell is None else f"{cell['peer_p50']:.1f} / {cell['ours_p50']:.1f} = "
-                                                        f"{cell['ratio']:.2f}x")
+                                                        f"{cell['ratio']:.2f}x, {cell['verdict']}")
         lines.append(f"| {row['name']} | {row['ours']} | {fmt(row['size_mb'], 1)} / {fmt(row['ours_size_mb'], 1)} | "
                      + " | ".join(cells) + " |")
     return lines + [""] + [peer_verdict(row) for row in rows] + [""]
