@@ -38,30 +38,48 @@ def check_model_type(model_type: str | None, source: str) -> None:
             "and the bundle's WordPiece tokenizers are built and tested for these encoders only")
 
 
-def check_local_model(folder: str) -> None:
-    """At planning: a local deploy.model folder has a config.json of a supported model type."""
+def check_positions(max_positions: int | None, cfg: PipelineConfig, source: str) -> None:
+    """The windows (squad.max_seq_length) and the CoreML lengths must fit the model's position embeddings, or
+    evaluation and conversion would fail deep inside a library."""
+    if max_positions is None:
+        return
+    too_long = {key: length for key, length in (("squad.max_seq_length", cfg.squad.max_seq_length),
+                                               ("export.coreml.sequence_lengths", max(cfg.export.coreml.sequence_lengths)))
+                if length > max_positions}
+    if too_long:
+        raise DeployError(f"deploy.model {source} has {max_positions} positions; "
+                          + ", ".join(f"{key} asks for {length}" for key, length in too_long.items())
+                          + f": set them to at most {max_positions}")
+
+
+def check_local_model(folder: str, cfg: PipelineConfig) -> None:
+    """At planning: a local deploy.model folder has a config.json of a supported model type whose positions fit."""
     import json
 
     config_path = Path(folder) / "config.json"
     if not config_path.is_file():
         raise DeployError(f"deploy.model {folder}: no config.json; give a save_pretrained folder of a QA model")
     try:
-        model_type = json.loads(config_path.read_text()).get("model_type")
+        config = json.loads(config_path.read_text())
+        model_type = config.get("model_type")
     except (json.JSONDecodeError, AttributeError) as error:
         raise DeployError(f"{config_path}: not a model config ({error})") from error
     check_model_type(model_type, folder)
+    check_positions(config.get("max_position_embeddings"), cfg, folder)
 
 
-def load_deployable(source: str, revision: str | None = None):
+def load_deployable(cfg: PipelineConfig):
     """(model, tokenizer) of deploy.model, or DeployError saying why the exporters cannot take it. Remote code is
     never run: a model that needs it is refused by transformers' own check."""
     from transformers import AutoConfig, AutoModelForQuestionAnswering, AutoTokenizer
 
+    source, revision = cfg.deploy.model, cfg.deploy.revision
     try:
         config = AutoConfig.from_pretrained(source, revision=revision)
     except (OSError, ValueError) as error:
         raise DeployError(f"deploy.model {source}: cannot read its config ({error})") from error
     check_model_type(config.model_type, source)
+    check_positions(getattr(config, "max_position_embeddings", None), cfg, source)
     model, loading = AutoModelForQuestionAnswering.from_pretrained(source, revision=revision,
                                                                    output_loading_info=True)
     untrained_head = [name for name in loading["missing_keys"] if name.startswith(QA_HEAD)]

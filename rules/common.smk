@@ -31,7 +31,7 @@ MLM_TEACHER_ARG = f"--mlm-teacher-dir {shlex.quote(str(MLM_TEACHER))}" if AUGMEN
 check_local_files(CFG)
 LOCAL_PATHS = configured_local_paths(CFG)
 if "deploy.model" in LOCAL_PATHS:
-    check_local_model(CFG.deploy.model)  # a model the exporters cannot take stops planning, with the reason
+    check_local_model(CFG.deploy.model, CFG)  # a model the exporters cannot take stops planning, with the reason
 # The student the SQuAD stages start from: distilled here (rule distill_pretrain), or student.pretrained (a hub
 # name or a folder), which skips init_student and distill_pretrain.
 STUDENT_DISTILLED_HERE = CFG.student.pretrained is None

@@ -11,7 +11,7 @@ rule deploy_model:
     output:
         directory(f"{ROOT}/deployed_model"),
     params:
-        cfg=stage_config("seed", "squad", "deploy"),
+        cfg=stage_config("seed", "squad", "export", "deploy"),  # export: the CoreML lengths the model must fit
     log:
         log_file("deploy_model"),
     benchmark:

@@ -21,6 +21,15 @@ def wordpiece_tokenizer(folder):
     return BertTokenizerFast(vocab_file=str(folder / "vocab.txt"))
 
 
+def deploying(folder):
+    return tiny_config(deploy={"model": str(folder)})
+
+
+def qa_config(**overrides):
+    """A tiny BERT with as many positions as configs/test.yaml's longest CoreML length."""
+    return tiny_bert_config(**{"max_position_embeddings": 128, **overrides})
+
+
 def test_a_deploy_build_goes_to_a_folder_named_after_the_model():
     assert deploy_root(tiny_config(deploy={"model": "distilbert-base-cased-distilled-squad"})) == \
         "artifacts/deploy/distilbert-base-cased-distilled-squad"
@@ -29,40 +38,52 @@ def test_a_deploy_build_goes_to_a_folder_named_after_the_model():
 
 
 def test_a_qa_model_with_a_wordpiece_tokenizer_loads(tmp_path):
-    BertForQuestionAnswering(tiny_bert_config()).save_pretrained(tmp_path / "qa")
+    BertForQuestionAnswering(qa_config()).save_pretrained(tmp_path / "qa")
     wordpiece_tokenizer(tmp_path / "qa").save_pretrained(tmp_path / "qa")
-    model, tokenizer = load_deployable(str(tmp_path / "qa"))
+    model, tokenizer = load_deployable(deploying(tmp_path / "qa"))
     assert type(model).__name__ == "BertForQuestionAnswering" and not model.training
     assert tokenizer.is_fast
-    check_local_model(str(tmp_path / "qa"))  # the planning check passes too
+    check_local_model(str(tmp_path / "qa"), deploying(tmp_path / "qa"))  # the planning check passes too
 
 
 def test_a_base_model_without_a_trained_qa_head_is_refused(tmp_path):
-    BertForMaskedLM(tiny_bert_config()).save_pretrained(tmp_path / "mlm")
+    BertForMaskedLM(qa_config()).save_pretrained(tmp_path / "mlm")
     wordpiece_tokenizer(tmp_path / "mlm").save_pretrained(tmp_path / "mlm")
     with pytest.raises(DeployError, match="no trained question-answering head.*qa_outputs"):
-        load_deployable(str(tmp_path / "mlm"))
+        load_deployable(deploying(tmp_path / "mlm"))
 
 
 def test_an_architecture_the_exporters_do_not_take_is_refused_at_planning_and_in_the_stage(tmp_path):
     RobertaConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                   intermediate_size=32).save_pretrained(tmp_path / "roberta")
-    for check in (check_local_model, load_deployable):
+    roberta = deploying(tmp_path / "roberta")
+    for check in (lambda: check_local_model(str(tmp_path / "roberta"), roberta), lambda: load_deployable(roberta)):
         with pytest.raises(DeployError, match="model_type 'roberta' is not one the exporters take"):
-            check(str(tmp_path / "roberta"))
+            check()
     with pytest.raises(DeployError, match="no config.json"):
-        check_local_model(str(tmp_path / "nothing-here"))
+        check_local_model(str(tmp_path / "nothing-here"), deploying(tmp_path / "nothing-here"))
+
+
+def test_a_model_with_fewer_positions_than_the_windows_or_coreml_lengths_is_refused(tmp_path):
+    BertForQuestionAnswering(qa_config(max_position_embeddings=100)).save_pretrained(tmp_path / "short")
+    wordpiece_tokenizer(tmp_path / "short").save_pretrained(tmp_path / "short")
+    cfg = deploying(tmp_path / "short")  # windows of squad.max_seq_length, CoreML lengths up to 128
+    message = "has 100 positions; .*export.coreml.sequence_lengths asks for 128: set them to at most 100"
+    with pytest.raises(DeployError, match=message):
+        check_local_model(str(tmp_path / "short"), cfg)
+    with pytest.raises(DeployError, match=message):
+        load_deployable(cfg)
 
 
 def test_a_tokenizer_other_than_wordpiece_is_refused(tmp_path):
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
 
-    BertForQuestionAnswering(tiny_bert_config()).save_pretrained(tmp_path / "bpe")
+    BertForQuestionAnswering(qa_config()).save_pretrained(tmp_path / "bpe")
     bpe = Tokenizer(models.BPE(vocab={w: i for i, w in enumerate(WORDS)}, merges=[], unk_token="[UNK]"))
     PreTrainedTokenizerFast(tokenizer_object=bpe, unk_token="[UNK]").save_pretrained(tmp_path / "bpe")
     with pytest.raises(DeployError, match="not a WordPiece tokenizer"):
-        load_deployable(str(tmp_path / "bpe"))
+        load_deployable(deploying(tmp_path / "bpe"))
 
 
 def test_target_deploy_without_a_model_says_what_to_set(tmp_path):

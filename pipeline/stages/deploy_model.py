@@ -31,7 +31,7 @@ def run(cfg: PipelineConfig, data_dir: Path, out_dir: Path) -> dict:
 
     verify_input_dirs(data_dir)
     source = cfg.deploy.model
-    model, tokenizer = load_deployable(source, cfg.deploy.revision)
+    model, tokenizer = load_deployable(cfg)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # evaluation only
     dev, _ = load_squad(str(data_dir / "dev.jsonl"))
     dev_metrics, predictions = qa.evaluate_qa(model.to(device), tokenizer, dev, cfg.squad, device)
