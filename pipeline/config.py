@@ -636,6 +636,10 @@ class DeployConfig:
         "<output_root>/deploy/<model's last path part>.")
     revision: str | None = option(None, "Hub revision (branch, tag or commit) of deploy.model; null: the default branch.")
 
+    def __post_init__(self) -> None:
+        if self.model is not None and not self.model.strip():
+            raise ConfigError("deploy.model: empty; leave it null to train, or name a hub model or ./folder to deploy")
+
 
 @dataclass
 class PipelineConfig:

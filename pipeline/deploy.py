@@ -24,10 +24,19 @@ class DeployError(PipelineError, ValueError):
 
 
 def deploy_root(cfg: PipelineConfig) -> str:
-    """Where a deploy build goes: <output_root>/deploy/<the model's last path part>, so builds of two models (and
-    the training DAG's outputs) never mix."""
-    name = Path(str(cfg.deploy.model).rstrip("/")).name
-    return f"{cfg.output_root}/deploy/{re.sub(r'[^A-Za-z0-9._-]+', '-', name) or 'model'}"
+    """Where a deploy build goes: <output_root>/deploy/<name>, so it never mixes with the training DAG's outputs.
+    name: a local folder's own name (resolved, so "." and ".." name a real folder), a hub model's owner--name, and
+    --<revision> when one is pinned. Deploying another model of the same name replaces that build."""
+    from pipeline.data import names_a_local_path
+
+    source = cfg.deploy.model
+    name = Path(source).resolve().name if names_a_local_path(source) else source.strip("/").replace("/", "--")
+    if cfg.deploy.revision:
+        name += f"--{cfg.deploy.revision}"
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip(".-")
+    if not name:
+        raise DeployError(f"deploy.model {source!r}: names no folder or hub model")
+    return f"{cfg.output_root}/deploy/{name}"
 
 
 def check_model_type(model_type: str | None, source: str) -> None:

@@ -30,6 +30,14 @@ MLM_TEACHER_ARG = f"--mlm-teacher-dir {shlex.quote(str(MLM_TEACHER))}" if AUGMEN
 # run here with its key (Snakemake would otherwise keep going on an old build without a word).
 check_local_files(CFG)
 LOCAL_PATHS = configured_local_paths(CFG)
+
+
+def folder_files(folder):
+    """Every file under a folder the config names, as inputs: Snakemake judges a folder input by the folder's own
+    timestamp, which editing a file inside it does not change, so only the files make an edit rerun the rule."""
+    return sorted(str(path) for path in Path(folder).rglob("*") if path.is_file())
+
+
 if "deploy.model" in LOCAL_PATHS:
     check_local_model(CFG.deploy.model, CFG)  # a model the exporters cannot take stops planning, with the reason
 # The student the SQuAD stages start from: distilled here (rule distill_pretrain), or student.pretrained (a hub
@@ -37,7 +45,8 @@ if "deploy.model" in LOCAL_PATHS:
 STUDENT_DISTILLED_HERE = CFG.student.pretrained is None
 SQUAD_STUDENT = f"{ROOT}/distill_pretrain/main" if STUDENT_DISTILLED_HERE else CFG.student.pretrained
 # A local folder is an input too (an edit reruns the SQuAD stages); a hub name is not a file.
-SQUAD_STUDENT_INPUT = [SQUAD_STUDENT] if STUDENT_DISTILLED_HERE or "student.pretrained" in LOCAL_PATHS else []
+SQUAD_STUDENT_INPUT = ([SQUAD_STUDENT] if STUDENT_DISTILLED_HERE
+                       else folder_files(SQUAD_STUDENT) if "student.pretrained" in LOCAL_PATHS else [])
 # Pretraining-distillation variants: the configured student, and the random-init ablation with the same budget
 # (evidence, built by target `study`).
 STUDENT_VARIANTS = ["main"] + (["random_init_ablation"] if CFG.distill_pretrain.run_random_init_ablation else [])

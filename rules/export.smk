@@ -6,7 +6,7 @@
 rule deploy_model:
     input:
         data=rules.prepare_data.output[0],
-        model=[CFG.deploy.model] if "deploy.model" in LOCAL_PATHS else [],  # a local folder: an edit reruns it
+        model=folder_files(CFG.deploy.model) if "deploy.model" in LOCAL_PATHS else [],  # an edit inside reruns it
         code=code("deploy-model"),
     output:
         directory(f"{ROOT}/deployed_model"),

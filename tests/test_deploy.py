@@ -2,12 +2,14 @@
 bundled and benchmarked as it is, with no training; models the exporters cannot take are refused with the reason."""
 
 import json
+import shutil
 import subprocess
 
 import pytest
 from huggingface_hub import ModelCard
 from transformers import BertForMaskedLM, BertForQuestionAnswering, BertTokenizerFast, RobertaConfig
 
+from pipeline.config import ConfigError
 from pipeline.deploy import DeployError, check_local_model, deploy_root, load_deployable
 from tests.dag_run import snakemake_command
 from tests.stage_fixtures import tiny_bert_config, tiny_config
@@ -30,11 +32,19 @@ def qa_config(**overrides):
     return tiny_bert_config(**{"max_position_embeddings": 128, **overrides})
 
 
-def test_a_deploy_build_goes_to_a_folder_named_after_the_model():
+def test_a_deploy_build_goes_to_a_folder_named_after_the_model(tmp_path, monkeypatch):
     assert deploy_root(tiny_config(deploy={"model": "distilbert-base-cased-distilled-squad"})) == \
         "artifacts/deploy/distilbert-base-cased-distilled-squad"
+    assert deploy_root(tiny_config(deploy={"model": "owner/bert-qa", "revision": "v1.0"})) == \
+        "artifacts/deploy/owner--bert-qa--v1.0"
     assert deploy_root(tiny_config(output_root="out", deploy={"model": "./models/my qa/"})) == "out/deploy/my-qa"
-    assert deploy_root(tiny_config(deploy={"model": "owner/bert-qa"})) == "artifacts/deploy/bert-qa"
+    (tmp_path / "qa").mkdir()
+    monkeypatch.chdir(tmp_path / "qa")
+    # "." and ".." name real folders: never the output root itself
+    assert deploy_root(tiny_config(deploy={"model": "."})) == "artifacts/deploy/qa"
+    assert deploy_root(tiny_config(deploy={"model": ".."})) == f"artifacts/deploy/{tmp_path.name}"
+    with pytest.raises(ConfigError, match="deploy.model: empty"):
+        tiny_config(deploy={"model": " "})
 
 
 def test_a_qa_model_with_a_wordpiece_tokenizer_loads(tmp_path):
@@ -98,7 +108,8 @@ def test_target_deploy_without_a_model_says_what_to_set(tmp_path):
 def test_deploy_exports_gates_bundles_and_benchmarks_a_trained_student_without_training(dag_run, tmp_path):
     """The distilled student of the test DAG, deployed as it is: the DAG plans no training rule, every export is
     gated against this model's own PyTorch answers, and the bundle and report describe it."""
-    student = dag_run.root / "distill_squad"
+    student = tmp_path / "distill_squad"  # a copy: the test edits a file in it below
+    shutil.copytree(dag_run.root / "distill_squad", student)
     config = tmp_path / "deploy.yaml"
     config.write_text(f"output_root: {json.dumps(str(tmp_path / 'out'))}\ndeploy:\n  model: {json.dumps(str(student))}\n")
     completed = subprocess.run(snakemake_command(tmp_path, config, target="deploy"), capture_output=True, text=True,
@@ -128,6 +139,12 @@ def test_deploy_exports_gates_bundles_and_benchmarks_a_trained_student_without_t
     card = ModelCard.load(root / "deployed_model" / "README.md")
     assert card.data.license is None and card.data.eval_results[1].metric_value == deployed["f1"]
     assert not any((root / stage).exists() for stage in ("teacher", "distill_squad", "tokenizer"))
+    # Editing a file inside the local model folder plans the build again from deploy_model on.
+    card = student / "README.md"
+    card.write_text(card.read_text() + "\nEdited.\n")
+    planned = subprocess.run(snakemake_command(tmp_path, config, "-n", target="deploy"), capture_output=True, text=True,
+                             check=True)
+    assert "deploy_model" in planned.stdout and "bundle" in planned.stdout
 
 
 def test_the_readme_command_plans_the_deploy_dag_with_no_training_rule(tmp_path):

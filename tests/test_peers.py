@@ -73,39 +73,67 @@ def test_torch_peer_quantizes_every_linear_layer_on_each_engine(tiny_full_size):
 
 def test_the_benchmark_builds_and_times_the_peers_named_in_timed_full_size(tiny_full_size, tmp_path):
     cfg = tiny_config(export={"full_size": {"architectures": ["distilbert"]}},
-                      benchmark={"sequence_lengths": [32], "threads": [1], "runs": 2, "warmup": 1, "search_runs": 3,
-                                 "timed_full_size": ["distilbert/torch-dynamic-int8",
-                                                     "distilbert/onnx-ortquantizer-int8"]})
-    items = {item["name"]: item for item in benchmark.peer_artifacts(tiny_full_size, cfg, tmp_path)}
+                      benchmark={"sequence_lengths": [32, 256], "threads": [1, 2], "runs": 2, "warmup": 1,
+                                 "search_runs": 3, "timed_full_size": ["distilbert/torch-dynamic-int8",
+                                                                       "distilbert/onnx-ortquantizer-int8"]})
+    built, skipped = benchmark.peer_artifacts(tiny_full_size, cfg, tmp_path)
+    items = {item["name"]: item for item in built}
+    assert skipped == {}
     torch_peer, ort_peer = items["distilbert/torch-dynamic-int8"], items["distilbert/onnx-ortquantizer-int8"]
     search = torch_peer["engine_search"]
     assert set(search["engines"]) == set(peers.torch_engines())
     assert torch_peer["engine"] == min(search["engines"], key=lambda e: search["engines"][e]["p50"])
     assert torch_peer["size_mb"] > 0 and torch_peer["peer_of"] == ort_peer["peer_of"] == "distilbert/onnx-int8-optimized"
     assert ort_peer["path"].startswith(str(tmp_path)) and ort_peer["quantization"]["is_static"] is False
+    # "ours" here: the fp32 graph stands in for the int8 one (the comparison only needs a graph to alternate with)
+    ours = {"name": "distilbert/onnx-int8-optimized", "format": "onnx", "max_positions": 128, "vocab_size": 200,
+            "path": str(tiny_full_size / "full_size" / "distilbert" / "onnx" / "fp32" / "model.onnx"),
+            "session_options": "denormals-as-zero"}
     for item in items.values():
         latency, rss = benchmark.measure(item, cfg.benchmark)
         assert latency["seq32"]["threads1"]["p50"] > 0 and rss > 0
-    only_torch = tiny_config(export={"full_size": {"architectures": ["distilbert"]}},
-                             benchmark={"timed_full_size": []})
-    assert benchmark.peer_artifacts(tiny_full_size, only_torch, tmp_path / "none") == []
+        in_turn = benchmark.in_worker({**item, "ours": ours}, cfg.benchmark, "interleaved-with-ours")
+        assert set(in_turn) == {"seq32"}  # 256 is beyond the models' 128 positions
+        for by_threads in in_turn["seq32"].values():
+            assert set(by_threads) == {"peer", "ours"}
+            assert all(0 < cell["p50"] <= cell["p90"] for cell in by_threads.values())
+    none_named = tiny_config(export={"full_size": {"architectures": ["distilbert"]}}, benchmark={"timed_full_size": []})
+    assert benchmark.peer_artifacts(tiny_full_size, none_named, tmp_path / "none") == ([], {})
+
+
+def test_a_cpu_without_an_ortquantizer_preset_leaves_that_peer_out_with_the_reason(tiny_full_size, tmp_path,
+                                                                                  monkeypatch):
+    monkeypatch.setattr(benchmark, "cpu_description", lambda: {"model_name": "old", "simd_flags": ["sse4_2"]})
+    cfg = tiny_config(export={"full_size": {"architectures": ["distilbert"]}},
+                      benchmark={"timed_full_size": ["distilbert/onnx-ortquantizer-int8"]})
+    built, skipped = benchmark.peer_artifacts(tiny_full_size, cfg, tmp_path)
+    assert built == [] and "no AutoQuantizationConfig preset" in skipped["distilbert/onnx-ortquantizer-int8"]
+    section = "\n".join(report.peer_section([], cfg, skipped))
+    assert "distilbert/onnx-ortquantizer-int8: not built on this machine: no AutoQuantizationConfig preset" in section
 
 
 def cell(p50, spread=0.1):
     return {"p50": p50, "p90": round(p50 * (1 + spread), 3)}
 
 
+def in_turn(points: dict, ours: dict) -> dict:
+    """interleaved_with_ours as the benchmark writes it, from {(length, threads): peer p50} and ours' p50s."""
+    table: dict = {}
+    for (length, threads), p50 in points.items():
+        table.setdefault(f"seq{length}", {})[f"threads{threads}"] = {"peer": cell(p50),
+                                                                     "ours": cell(ours[(length, threads)])}
+    return table
+
+
 def test_the_report_says_where_ours_is_ahead_of_each_peer_beyond_the_noise_and_where_not():
     cfg = tiny_config(benchmark={"sequence_lengths": [128, 384], "threads": [1, 2]})
-    ours = {"name": "distilbert/onnx-int8-optimized", "size_mb": 66.0, "latency_ms": {
-        "seq128": {"threads1": cell(30.0), "threads2": cell(20.0)},
-        "seq384": {"threads1": cell(100.0), "threads2": cell(60.0)}}}
+    ours_ms = {(128, 1): 30.0, (128, 2): 20.0, (384, 1): 100.0, (384, 2): 60.0}
+    ours = {"name": "distilbert/onnx-int8-optimized", "size_mb": 66.0}
     slower = {"name": "distilbert/onnx-ortquantizer-int8", "tool": "ORTQuantizer", "peer_of": ours["name"],
-              "size_mb": 66.5, "latency_ms": {"seq128": {"threads1": cell(33.5), "threads2": cell(23.0)},
-                                              "seq384": {"threads1": cell(125.0), "threads2": cell(70.0)}}}
+              "size_mb": 66.5, "interleaved_with_ours": in_turn(
+                  {(128, 1): 33.5, (128, 2): 23.0, (384, 1): 125.0, (384, 2): 70.0}, ours_ms)}
     mixed = {"name": "distilbert/torch-dynamic-int8", "tool": "torch.ao", "peer_of": ours["name"], "size_mb": 132.0,
-             "latency_ms": {"seq128": {"threads1": cell(31.0), "threads2": None},
-                            "seq384": {"threads1": cell(80.0), "threads2": cell(70.0)}}}
+             "interleaved_with_ours": in_turn({(128, 1): 31.0, (384, 1): 80.0, (384, 2): 70.0}, ours_ms)}
     rows = report.peer_comparison({"artifacts": [ours, slower, mixed]}, cfg)
     assert [row["name"] for row in rows] == [slower["name"], mixed["name"]]
     assert rows[0]["latency"]["seq384"]["threads1"] == {"peer_p50": 125.0, "peer_p90": 137.5, "ours_p50": 100.0,

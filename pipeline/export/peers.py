@@ -64,12 +64,13 @@ def torch_engines() -> list[str]:
     return [engine for engine in torch.backends.quantized.supported_engines if engine != "none"]
 
 
-def torch_dynamic_int8(model, engine: str):
-    """A copy of `model` with every Linear layer dynamically quantized to qint8, its weights packed for `engine`."""
+def torch_dynamic_int8(model, engine: str, inplace: bool = False):
+    """`model` (a copy unless inplace) with every Linear layer dynamically quantized to qint8, its weights packed
+    for `engine`."""
     import torch
 
     torch.backends.quantized.engine = engine  # the weights are packed for the engine set when quantizing
-    return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+    return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8, inplace=inplace)
 
 
 def state_dict_megabytes(model) -> float:

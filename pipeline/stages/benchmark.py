@@ -175,7 +175,8 @@ def load_pytorch(item: dict):
     if item.get("precision") == TORCH_DYNAMIC_INT8:
         from pipeline.export import peers
 
-        model = peers.torch_dynamic_int8(model, item["engine"])
+        # in place: a copy would keep the fp32 weights beside the int8 ones in the peak memory recorded
+        model = peers.torch_dynamic_int8(model, item["engine"], inplace=True)
     return model
 
 
@@ -205,6 +206,54 @@ def search_torch_engine(item: dict, cfg: BenchmarkConfig) -> dict:
     engines = {engine: percentiles(t) for engine, t in times.items()}
     return {"sequence_length": length, "threads": 1, "runs": cfg.search_runs, "engines": engines,
             "choice": min(engines, key=lambda engine: engines[engine]["p50"])}
+
+
+def runner(item: dict, sequence_length: int, threads: int):
+    """A no-argument callable that runs the artifact once on a batch-1 input of `sequence_length` tokens."""
+    if item["format"] == "pytorch":
+        import torch
+
+        model = item["_model"]
+        generator = torch.Generator().manual_seed(0)
+        inputs = {"input_ids": torch.randint(5, item["vocab_size"], (1, sequence_length), generator=generator),
+                  "attention_mask": torch.ones(1, sequence_length, dtype=torch.long)}
+
+        def run_once():
+            with torch.inference_mode():
+                model(**inputs)
+        return run_once
+    session = onnx_session(item["path"], threads, item.get("session_options") or "default")
+    feed = synthetic_feed(session, sequence_length, item["vocab_size"])
+    return lambda: session.run(None, feed)
+
+
+def interleaved_with_ours(peer: dict, ours: dict, cfg: BenchmarkConfig) -> dict:
+    """The peer and our graph timed in one process, run for run in turn (cfg.runs each after cfg.warmup) at every
+    length and thread count, so a drift in machine speed between the artifacts' own timing processes cannot make
+    one look faster: {seqL: {threadsT: {"peer": {p50, p90}, "ours": {p50, p90}}}}."""
+    if peer["format"] == "pytorch":
+        import torch
+
+        peer = {**peer, "_model": load_pytorch(peer)}
+    comparison: dict = {}
+    for length in cfg.sequence_lengths:
+        if length > min(peer["max_positions"], ours["max_positions"]):
+            continue
+        for threads in cfg.threads:
+            if peer["format"] == "pytorch":
+                torch.set_num_threads(threads)
+            run_peer, run_ours = runner(peer, length, threads), runner(ours, length, threads)
+            for _ in range(cfg.warmup):
+                run_peer(), run_ours()
+            times: dict[str, list[float]] = {"peer": [], "ours": []}
+            for _ in range(cfg.runs):
+                for name, run_once in (("peer", run_peer), ("ours", run_ours)):
+                    start = time.perf_counter()
+                    run_once()
+                    times[name].append((time.perf_counter() - start) * 1000)
+            comparison.setdefault(f"seq{length}", {})[f"threads{threads}"] = {
+                name: percentiles(t) for name, t in times.items()}
+    return comparison
 
 
 def measure_in_this_process(item: dict, cfg: BenchmarkConfig) -> dict:
@@ -366,14 +415,15 @@ def optimized_int8_artifacts(root: Path, cfg: PipelineConfig, search: dict, tmp:
     return items
 
 
-def peer_artifacts(root: Path, cfg: PipelineConfig, tmp: Path) -> list[dict]:
+def peer_artifacts(root: Path, cfg: PipelineConfig, tmp: Path) -> tuple[list[dict], dict[str, str]]:
     """The int8 paths a user would otherwise pick (pipeline.export.peers), for each full-size architecture whose
     peers benchmark.timed_full_size names; built here, timed like every artifact. Their "ours" is the architecture's
-    onnx-int8-optimized graph, the one their latency is compared with."""
+    onnx-int8-optimized graph, the one their latency is compared with. Returns the peers and, by name, why a named
+    one could not be built on this machine."""
     from pipeline.export import peers
 
     bcfg = cfg.benchmark
-    items = []
+    items, skipped = [], {}
     for architecture in cfg.export.full_size.architectures:
         folder = root / "full_size" / architecture
         max_positions, vocab_size = model_shape(folder / "pytorch" / "config.json")
@@ -389,7 +439,12 @@ def peer_artifacts(root: Path, cfg: PipelineConfig, tmp: Path) -> list[dict]:
             item["size_mb"] = in_worker(item, bcfg, "torch-peer-size")["size_mb"]  # the quantized state_dict
             items.append(item)
         if f"{architecture}/{peers.ORT_PEER}" in bcfg.timed_full_size:
-            preset = peers.ort_preset(cpu_description()["simd_flags"])
+            try:
+                preset = peers.ort_preset(cpu_description()["simd_flags"])
+            except ValueError as error:  # a CPU optimum has no preset for: the rest of the benchmark still runs
+                skipped[f"{architecture}/{peers.ORT_PEER}"] = str(error)
+                logger.warning("not built: %s/%s: %s", architecture, peers.ORT_PEER, error)
+                continue
             logger.info("building %s/%s with the %s preset", architecture, peers.ORT_PEER, preset)
             path, settings = peers.build_ortquantizer_int8(folder / "onnx" / "fp32", tmp / "peers" / architecture,
                                                            preset)
@@ -398,7 +453,7 @@ def peer_artifacts(root: Path, cfg: PipelineConfig, tmp: Path) -> list[dict]:
             item.update(peer_of=ours, quantization=settings,
                         tool=f"optimum ORTQuantizer, AutoQuantizationConfig.{preset}(is_static=False)")
             items.append(item)
-    return items
+    return items, skipped
 
 
 # ------------------------------------------------------------------------------------------------------ run
@@ -418,13 +473,20 @@ def run(cfg: PipelineConfig, root: Path, out_dir: Path) -> dict:
 
             int8_search = int8.search_int8(root, cfg)
             items += optimized_int8_artifacts(root, cfg, int8_search, tmp)
-        items += peer_artifacts(root, cfg, tmp)
+        peer_items, peers_skipped = peer_artifacts(root, cfg, tmp)
+        items += peer_items
         for item in items:
             if not item["timed"]:
                 item["latency_ms"], item["peak_rss_mb"] = None, None
                 continue
             logger.info("timing %s", item["name"])
             item["latency_ms"], item["peak_rss_mb"] = measure(item, bcfg)
+        by_name = {item["name"]: item for item in items}
+        for peer in peer_items:
+            ours = by_name.get(peer["peer_of"])
+            if ours is not None and ours["timed"]:
+                logger.info("timing %s and %s in turn", peer["name"], ours["name"])
+                peer["interleaved_with_ours"] = in_worker({**peer, "ours": ours}, bcfg, "interleaved-with-ours")
         for item in items:  # graphs built here end up in out_dir once the output is committed
             if Path(item["path"]).is_relative_to(tmp):
                 item["path"] = str(out_dir / Path(item["path"]).relative_to(tmp))
@@ -448,6 +510,7 @@ def run(cfg: PipelineConfig, root: Path, out_dir: Path) -> dict:
                          "warmup": bcfg.warmup, "batch_size": 1},
             "artifacts": items,
             "int8_search": int8_search,
+            "peers_skipped": peers_skipped,
             "gemm_floor": gemm_floor,
             "profiles": profiles,
         }
@@ -474,6 +537,8 @@ def worker_main(item_json: str, benchmark_json: str, task: str, out: Path) -> in
     cfg = BenchmarkConfig(**json.loads(benchmark_json))
     if task == "torch-engine-search":
         atomic_write_json(out, search_torch_engine(item, cfg))
+    elif task == "interleaved-with-ours":
+        atomic_write_json(out, interleaved_with_ours(item, item["ours"], cfg))
     elif task == "torch-peer-size":
         from pipeline.export import peers
 

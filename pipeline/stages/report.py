@@ -97,11 +97,6 @@ def summary(cfg: PipelineConfig, root: Path, benchmark: dict) -> dict:
     }
 
 
-def latency_cell(artifacts: dict, name: str, length: int, threads: int) -> dict | None:
-    latency = (artifacts.get(name) or {}).get("latency_ms") or {}
-    return (latency.get(f"seq{length}") or {}).get(f"threads{threads}")
-
-
 def verdict(peer: dict, ours: dict) -> str:
     """"ahead" when the peer's median is slower than our p90, "behind" when its p90 is faster than our median, and
     "within noise" otherwise: a difference inside the run-to-run spread is not claimed either way."""
@@ -114,24 +109,25 @@ def verdict(peer: dict, ours: dict) -> str:
 
 def peer_comparison(benchmark: dict, cfg: PipelineConfig) -> list[dict]:
     """Each peer (rule benchmark's "peer_of" artifacts) beside our int8 graph of the same architecture at every
-    length and thread count: both p50 and p90, peer p50 / ours p50 (above 1: ours is faster; sizes likewise) and
-    the verdict that the spread allows."""
+    length and thread count, from the benchmark's run of the two in turn in one process: both p50 and p90, peer
+    p50 / ours p50 (above 1: ours is faster; sizes likewise) and the verdict that the spread allows."""
     by_name = {item["name"]: item for item in benchmark["artifacts"]}
     rows = []
     for peer in benchmark["artifacts"]:
         if not peer.get("peer_of"):
             continue
         ours = by_name.get(peer["peer_of"]) or {}
+        in_turn = peer.get("interleaved_with_ours") or {}
         latency = {}
         for length in cfg.benchmark.sequence_lengths:
             for threads in cfg.benchmark.threads:
-                peer_cell = latency_cell(by_name, peer["name"], length, threads)
-                ours_cell = latency_cell(by_name, peer["peer_of"], length, threads)
-                if peer_cell and ours_cell:
+                cell = (in_turn.get(f"seq{length}") or {}).get(f"threads{threads}")
+                if cell:
                     latency.setdefault(f"seq{length}", {})[f"threads{threads}"] = {
-                        "peer_p50": peer_cell["p50"], "peer_p90": peer_cell["p90"], "ours_p50": ours_cell["p50"],
-                        "ours_p90": ours_cell["p90"], "ratio": ratio(peer_cell["p50"], ours_cell["p50"]),
-                        "verdict": verdict(peer_cell, ours_cell)}
+                        "peer_p50": cell["peer"]["p50"], "peer_p90": cell["peer"]["p90"],
+                        "ours_p50": cell["ours"]["p50"], "ours_p90": cell["ours"]["p90"],
+                        "ratio": ratio(cell["peer"]["p50"], cell["ours"]["p50"]),
+                        "verdict": verdict(cell["peer"], cell["ours"])}
         rows.append({"name": peer["name"], "tool": peer["tool"], "ours": peer["peer_of"], "size_mb": peer["size_mb"],
                      "ours_size_mb": ours.get("size_mb"), "size_ratio": ratio(peer["size_mb"], ours.get("size_mb")),
                      "latency": latency})
@@ -417,14 +413,16 @@ def search_section(search: dict) -> list[str]:
     return lines + [""]
 
 
-def peer_section(rows: list[dict], cfg: PipelineConfig) -> list[str]:
+def peer_section(rows: list[dict], cfg: PipelineConfig, skipped: dict[str, str] | None = None) -> list[str]:
     lengths, threads = cfg.benchmark.sequence_lengths, cfg.benchmark.threads
     columns = [f"seq {n}, {t} thr" for n in lengths for t in threads]
     lines = ["## Peers: the int8 paths a user would otherwise pick, timed in the same run", "",
-             "Each cell: the peer's p50 ms / ours (the same architecture's onnx-int8-optimized) p50 ms = ratio "
-             f"(above 1: ours is faster), over {cfg.benchmark.runs} timed runs each, and the verdict: ahead when the "
-             "peer's p50 is above our p90, behind when its p90 is below our p50, else within the run-to-run spread "
-             "(every p90 is in the full-size table above).", "",
+             "Each cell: the peer's p50 ms / ours (the same architecture's onnx-int8-optimized, with the session "
+             "options the int8 search chose; the ORTQuantizer peer runs with onnxruntime's defaults, as its users "
+             "get it) p50 ms = ratio (above 1: ours is faster), and the verdict: ahead when the peer's p50 is above "
+             "our p90, behind when its p90 is below our p50, else within the run-to-run spread. The two are timed "
+             f"in one process, run for run in turn ({cfg.benchmark.runs} runs each), so a drift in machine speed "
+             "hits both alike; the full-size table above times each in its own process.", "",
              "| peer | vs | MB (peer / ours) | " + " | ".join(columns) + " |",
              "|---|---|---|" + "---|" * len(columns)]
     for row in rows:
@@ -436,7 +434,9 @@ def peer_section(rows: list[dict], cfg: PipelineConfig) -> list[str]:
                                                         f"{cell['ratio']:.2f}x, {cell['verdict']}")
         lines.append(f"| {row['name']} | {row['ours']} | {fmt(row['size_mb'], 1)} / {fmt(row['ours_size_mb'], 1)} | "
                      + " | ".join(cells) + " |")
-    return lines + [""] + [peer_verdict(row) for row in rows] + [""]
+    lines += [""] + [peer_verdict(row) for row in rows]
+    lines += [f"- {name}: not built on this machine: {reason}." for name, reason in (skipped or {}).items()]
+    return lines + [""]
 
 
 def javascript_note(summary_data: dict, cfg: PipelineConfig) -> list[str]:
@@ -498,8 +498,8 @@ def report_markdown(cfg: PipelineConfig, summary_data: dict, benchmark: dict, go
                           f"seq {floor['sequence_length']}, 1 thread: {floor['latency_ms']:.1f} ms; "
                           f"distilbert/onnx-int8-optimized / floor = {fmt(floor['ratio'], 2)}."]
         lines.append("")
-    if summary_data["peers"]:
-        lines += peer_section(summary_data["peers"], cfg)
+    if summary_data["peers"] or benchmark.get("peers_skipped"):
+        lines += peer_section(summary_data["peers"], cfg, benchmark.get("peers_skipped"))
     if benchmark.get("int8_search"):
         lines += search_section(benchmark["int8_search"])
     lines += ["## Goals", ""]
