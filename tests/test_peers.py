@@ -94,9 +94,9 @@ def test_the_benchmark_builds_and_times_the_peers_named_in_timed_full_size(tiny_
         assert latency["seq32"]["threads1"]["p50"] > 0 and rss > 0
         in_turn = benchmark.in_worker({**item, "ours": ours}, cfg.benchmark, "interleaved-with-ours")
         assert set(in_turn) == {"seq32"}  # 256 is beyond the models' 128 positions
-        for by_threads in in_turn["seq32"].values():
-            assert set(by_threads) == {"peer", "ours"}
-            assert all(0 < cell["p50"] <= cell["p90"] for cell in by_threads.values())
+        assert set(in_turn["seq32"]) == {"threads1"}  # more threads: each artifact's own process
+        pair = in_turn["seq32"]["threads1"]
+        assert set(pair) == {"peer", "ours"} and all(0 < cell["p50"] <= cell["p90"] for cell in pair.values())
     none_named = tiny_config(export={"full_size": {"architectures": ["distilbert"]}}, benchmark={"timed_full_size": []})
     assert benchmark.peer_artifacts(tiny_full_size, none_named, tmp_path / "none") == ([], {})
 
@@ -116,38 +116,50 @@ def cell(p50, spread=0.1):
     return {"p50": p50, "p90": round(p50 * (1 + spread), 3)}
 
 
-def in_turn(points: dict, ours: dict) -> dict:
-    """interleaved_with_ours as the benchmark writes it, from {(length, threads): peer p50} and ours' p50s."""
-    table: dict = {}
+def timed(points: dict, ours: dict) -> tuple[dict, dict, dict]:
+    """From {(length, threads): peer p50} and ours' p50s: the 1-thread pairs as the benchmark writes them
+    (interleaved_with_ours), and the peer's and ours' own latency tables holding the other thread counts."""
+    in_turn, peer_latency, ours_latency = {}, {}, {}
     for (length, threads), p50 in points.items():
-        table.setdefault(f"seq{length}", {})[f"threads{threads}"] = {"peer": cell(p50),
-                                                                     "ours": cell(ours[(length, threads)])}
-    return table
+        if threads == 1:
+            in_turn.setdefault(f"seq{length}", {})["threads1"] = {"peer": cell(p50), "ours": cell(ours[(length, 1)])}
+        else:
+            peer_latency.setdefault(f"seq{length}", {})[f"threads{threads}"] = cell(p50)
+    for (length, threads), p50 in ours.items():
+        ours_latency.setdefault(f"seq{length}", {})[f"threads{threads}"] = cell(p50 + 5)  # its own process: slower
+    return in_turn, peer_latency, ours_latency
 
 
 def test_the_report_says_where_ours_is_ahead_of_each_peer_beyond_the_noise_and_where_not():
     cfg = tiny_config(benchmark={"sequence_lengths": [128, 384], "threads": [1, 2]})
-    ours_ms = {(128, 1): 30.0, (128, 2): 20.0, (384, 1): 100.0, (384, 2): 60.0}
-    ours = {"name": "distilbert/onnx-int8-optimized", "size_mb": 66.0}
+    ours_ms = {(128, 1): 30.0, (128, 2): 15.0, (384, 1): 100.0, (384, 2): 55.0}
+    slower_in_turn, slower_latency, ours_latency = timed(
+        {(128, 1): 33.5, (128, 2): 23.0, (384, 1): 125.0, (384, 2): 70.0}, ours_ms)
+    mixed_in_turn, mixed_latency, _ = timed({(128, 1): 31.0, (384, 1): 80.0, (384, 2): 70.0}, ours_ms)
+    ours = {"name": "distilbert/onnx-int8-optimized", "size_mb": 66.0, "latency_ms": ours_latency}
     slower = {"name": "distilbert/onnx-ortquantizer-int8", "tool": "ORTQuantizer", "peer_of": ours["name"],
-              "size_mb": 66.5, "interleaved_with_ours": in_turn(
-                  {(128, 1): 33.5, (128, 2): 23.0, (384, 1): 125.0, (384, 2): 70.0}, ours_ms)}
+              "size_mb": 66.5, "interleaved_with_ours": slower_in_turn, "latency_ms": slower_latency}
     mixed = {"name": "distilbert/torch-dynamic-int8", "tool": "torch.ao", "peer_of": ours["name"], "size_mb": 132.0,
-             "interleaved_with_ours": in_turn({(128, 1): 31.0, (384, 1): 80.0, (384, 2): 70.0}, ours_ms)}
+             "interleaved_with_ours": mixed_in_turn, "latency_ms": {**mixed_latency, "seq128": {"threads2": None}}}
     rows = report.peer_comparison({"artifacts": [ours, slower, mixed]}, cfg)
     assert [row["name"] for row in rows] == [slower["name"], mixed["name"]]
     assert rows[0]["latency"]["seq384"]["threads1"] == {"peer_p50": 125.0, "peer_p90": 137.5, "ours_p50": 100.0,
-                                                        "ours_p90": 110.0, "ratio": 1.25, "verdict": "ahead"}
+                                                        "ours_p90": 110.0, "ratio": 1.25, "verdict": "ahead",
+                                                        "timing": "in turn"}
+    # 2 threads: ours from its own process (60), not from the 1-thread pairs
+    assert rows[0]["latency"]["seq384"]["threads2"]["ours_p50"] == 60.0
+    assert rows[0]["latency"]["seq384"]["threads2"]["timing"] == "separate processes"
     assert rows[1]["size_ratio"] == 2.0 and "threads2" not in rows[1]["latency"]["seq128"]
     assert rows[1]["latency"]["seq128"]["threads1"]["verdict"] == "within noise"  # 31 is inside ours' 30 to 33
     assert rows[1]["latency"]["seq384"]["threads1"]["verdict"] == "behind"  # its p90 88 is below our p50 100
     verdicts = [report.peer_verdict(row) for row in rows]
     assert "is ahead at 4 of 4 points" in verdicts[0] and "seq 384, 1 thr: 1.25x" in verdicts[0]
-    assert "ahead at 1 of 3 points (seq 384, 2 thr: 1.17x)" in verdicts[1]
+    assert "ahead at 1 of 3 points (seq 384, 2 thr: 1.17x)" in verdicts[1]  # 70 against 60
     assert "within the run-to-run spread (p50 to p90) at 1 of 3 points (seq 128, 1 thr: 1.03x)" in verdicts[1]
     assert "**behind** at 1 of 3 points (seq 384, 1 thr: 0.80x)" in verdicts[1]
     section = "\n".join(report.peer_section(rows, cfg))
-    assert "125.0 / 100.0 = 1.25x, ahead" in section and "n/a" in section
+    assert "125.0 / 100.0 = 1.25x, ahead |" in section and "70.0 / 60.0 = 1.17x, ahead, separate" in section
+    assert "n/a" in section
 
 
 def test_the_summary_schema_takes_the_peer_rows():
@@ -159,7 +171,7 @@ def test_the_summary_schema_takes_the_peer_rows():
     peer_schema = {**schema["properties"]["peers"], "definitions": schema["definitions"]}
     row = {"name": "p", "tool": "t", "ours": "o", "size_mb": 1.0, "ours_size_mb": 2.0, "size_ratio": 0.5,
            "latency": {"seq128": {"threads1": {"peer_p50": 2.0, "peer_p90": 2.1, "ours_p50": 1.0, "ours_p90": 1.1,
-                                               "ratio": 2.0, "verdict": "ahead"}}}}
+                                               "ratio": 2.0, "verdict": "ahead", "timing": "in turn"}}}}
     jsonschema.validate([row], peer_schema)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate([{**row, "latency": {"seq128": {"threads1": {"p50": 2.0}}}}], peer_schema)

@@ -229,30 +229,29 @@ def runner(item: dict, sequence_length: int, threads: int):
 
 def interleaved_with_ours(peer: dict, ours: dict, cfg: BenchmarkConfig) -> dict:
     """The peer and our graph timed in one process, run for run in turn (cfg.runs each after cfg.warmup) at every
-    length and thread count, so a drift in machine speed between the artifacts' own timing processes cannot make
-    one look faster: {seqL: {threadsT: {"peer": {p50, p90}, "ours": {p50, p90}}}}."""
+    length with 1 thread, so a drift in machine speed between the artifacts' own timing processes cannot make one
+    look faster: {seqL: {"threads1": {"peer": {p50, p90}, "ours": {p50, p90}}}}. 1 thread only: with more, the two
+    runtimes' thread pools, spinning between runs, would take cores from each other, so those counts are compared
+    from each artifact's own process."""
     if peer["format"] == "pytorch":
         import torch
 
+        torch.set_num_threads(1)
         peer = {**peer, "_model": load_pytorch(peer)}
     comparison: dict = {}
     for length in cfg.sequence_lengths:
         if length > min(peer["max_positions"], ours["max_positions"]):
             continue
-        for threads in cfg.threads:
-            if peer["format"] == "pytorch":
-                torch.set_num_threads(threads)
-            run_peer, run_ours = runner(peer, length, threads), runner(ours, length, threads)
-            for _ in range(cfg.warmup):
-                run_peer(), run_ours()
-            times: dict[str, list[float]] = {"peer": [], "ours": []}
-            for _ in range(cfg.runs):
-                for name, run_once in (("peer", run_peer), ("ours", run_ours)):
-                    start = time.perf_counter()
-                    run_once()
-                    times[name].append((time.perf_counter() - start) * 1000)
-            comparison.setdefault(f"seq{length}", {})[f"threads{threads}"] = {
-                name: percentiles(t) for name, t in times.items()}
+        run_peer, run_ours = runner(peer, length, 1), runner(ours, length, 1)
+        for _ in range(cfg.warmup):
+            run_peer(), run_ours()
+        times: dict[str, list[float]] = {"peer": [], "ours": []}
+        for _ in range(cfg.runs):
+            for name, run_once in (("peer", run_peer), ("ours", run_ours)):
+                start = time.perf_counter()
+                run_once()
+                times[name].append((time.perf_counter() - start) * 1000)
+        comparison[f"seq{length}"] = {"threads1": {name: percentiles(t) for name, t in times.items()}}
     return comparison
 
 

@@ -109,8 +109,9 @@ def verdict(peer: dict, ours: dict) -> str:
 
 def peer_comparison(benchmark: dict, cfg: PipelineConfig) -> list[dict]:
     """Each peer (rule benchmark's "peer_of" artifacts) beside our int8 graph of the same architecture at every
-    length and thread count, from the benchmark's run of the two in turn in one process: both p50 and p90, peer
-    p50 / ours p50 (above 1: ours is faster; sizes likewise) and the verdict that the spread allows."""
+    length and thread count: both p50 and p90, peer p50 / ours p50 (above 1: ours is faster; sizes likewise) and
+    the verdict that the spread allows. With 1 thread the two were timed in turn in one process ("in turn"); with
+    more, each in its own process ("separate processes")."""
     by_name = {item["name"]: item for item in benchmark["artifacts"]}
     rows = []
     for peer in benchmark["artifacts"]:
@@ -121,13 +122,19 @@ def peer_comparison(benchmark: dict, cfg: PipelineConfig) -> list[dict]:
         latency = {}
         for length in cfg.benchmark.sequence_lengths:
             for threads in cfg.benchmark.threads:
-                cell = (in_turn.get(f"seq{length}") or {}).get(f"threads{threads}")
-                if cell:
-                    latency.setdefault(f"seq{length}", {})[f"threads{threads}"] = {
-                        "peer_p50": cell["peer"]["p50"], "peer_p90": cell["peer"]["p90"],
-                        "ours_p50": cell["ours"]["p50"], "ours_p90": cell["ours"]["p90"],
-                        "ratio": ratio(cell["peer"]["p50"], cell["ours"]["p50"]),
-                        "verdict": verdict(cell["peer"], cell["ours"])}
+                key, count = f"seq{length}", f"threads{threads}"
+                pair = (in_turn.get(key) or {}).get(count)
+                timing = "in turn"
+                if pair is None:
+                    pair = {"peer": ((peer.get("latency_ms") or {}).get(key) or {}).get(count),
+                            "ours": ((ours.get("latency_ms") or {}).get(key) or {}).get(count)}
+                    timing = "separate processes"
+                if pair["peer"] and pair["ours"]:
+                    latency.setdefault(key, {})[count] = {
+                        "peer_p50": pair["peer"]["p50"], "peer_p90": pair["peer"]["p90"],
+                        "ours_p50": pair["ours"]["p50"], "ours_p90": pair["ours"]["p90"],
+                        "ratio": ratio(pair["peer"]["p50"], pair["ours"]["p50"]),
+                        "verdict": verdict(pair["peer"], pair["ours"]), "timing": timing}
         rows.append({"name": peer["name"], "tool": peer["tool"], "ours": peer["peer_of"], "size_mb": peer["size_mb"],
                      "ours_size_mb": ours.get("size_mb"), "size_ratio": ratio(peer["size_mb"], ours.get("size_mb")),
                      "latency": latency})
@@ -420,9 +427,11 @@ def peer_section(rows: list[dict], cfg: PipelineConfig, skipped: dict[str, str] 
              "Each cell: the peer's p50 ms / ours (the same architecture's onnx-int8-optimized, with the session "
              "options the int8 search chose; the ORTQuantizer peer runs with onnxruntime's defaults, as its users "
              "get it) p50 ms = ratio (above 1: ours is faster), and the verdict: ahead when the peer's p50 is above "
-             "our p90, behind when its p90 is below our p50, else within the run-to-run spread. The two are timed "
-             f"in one process, run for run in turn ({cfg.benchmark.runs} runs each), so a drift in machine speed "
-             "hits both alike; the full-size table above times each in its own process.", "",
+             "our p90, behind when its p90 is below our p50, else within the run-to-run spread. With 1 thread the two "
+             f"are timed in one process, run for run in turn ({cfg.benchmark.runs} runs each), so a drift in machine "
+             "speed hits both alike; with more threads two runtimes' spinning thread pools in one process would take "
+             "cores from each other, so those cells (marked 'separate') come from each artifact's own process, "
+             "as in the full-size table above, and a drift between the processes can show in them.", "",
              "| peer | vs | MB (peer / ours) | " + " | ".join(columns) + " |",
              "|---|---|---|" + "---|" * len(columns)]
     for row in rows:
@@ -430,8 +439,9 @@ def peer_section(rows: list[dict], cfg: PipelineConfig, skipped: dict[str, str] 
         for n in lengths:
             for t in threads:
                 cell = (row["latency"].get(f"seq{n}") or {}).get(f"threads{t}")
+                separate = ", separate" if cell and cell["timing"] == "separate processes" else ""
                 cells.append("n/a" if cell is None else f"{cell['peer_p50']:.1f} / {cell['ours_p50']:.1f} = "
-                                                        f"{cell['ratio']:.2f}x, {cell['verdict']}")
+                                                        f"{cell['ratio']:.2f}x, {cell['verdict']}{separate}")
         lines.append(f"| {row['name']} | {row['ours']} | {fmt(row['size_mb'], 1)} / {fmt(row['ours_size_mb'], 1)} | "
                      + " | ".join(cells) + " |")
     lines += [""] + [peer_verdict(row) for row in rows]
