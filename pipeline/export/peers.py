@@ -16,7 +16,6 @@ from pathlib import Path
 
 TORCH_PEER = "torch-dynamic-int8"
 ORT_PEER = "onnx-ortquantizer-int8"
-PEERS = (TORCH_PEER, ORT_PEER)
 ORT_PEER_FILE = "model_quantized.onnx"  # ORTQuantizer's name for its output (file suffix "quantized")
 
 

@@ -37,7 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.artifacts import atomic_output_dir, bundled_model, exported_models, atomic_write_json, directory_size_bytes, megabytes, read_json, setup_logging
+from pipeline.artifacts import (atomic_output_dir, atomic_write_json, bundled_model, directory_size_bytes, exported_models,
+                                megabytes, read_json, setup_logging)
 from pipeline.config import BenchmarkConfig, PipelineConfig, config_from_json
 from pipeline.latency import cpu_description, onnx_session, synthetic_feed
 
@@ -156,13 +157,35 @@ def time_onnx(path: str, sequence_length: int, threads: int, vocab_size: int, cf
     return timed(lambda: session.run(None, feed), cfg)
 
 
+def in_turn(runs_once: dict, runs: int, warmup: int) -> dict[str, dict]:
+    """p50/p90 in ms of each named callable, called round-robin (`runs` each after `warmup`), so drift in machine
+    speed hits every one alike."""
+    for _ in range(warmup):
+        for run_once in runs_once.values():
+            run_once()
+    times: dict[str, list[float]] = {name: [] for name in runs_once}
+    for _ in range(runs):
+        for name, run_once in runs_once.items():
+            start = time.perf_counter()
+            run_once()
+            times[name].append((time.perf_counter() - start) * 1000)
+    return {name: percentiles(t) for name, t in times.items()}
+
+
+def torch_inputs(vocab_size: int, sequence_length: int) -> dict:
+    """A batch-1 PyTorch input of `sequence_length` tokens, every one attended (as synthetic_feed for onnxruntime)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    return {"input_ids": torch.randint(5, vocab_size, (1, sequence_length), generator=generator),
+            "attention_mask": torch.ones(1, sequence_length, dtype=torch.long)}
+
+
 def time_pytorch(model, sequence_length: int, threads: int, vocab_size: int, cfg: BenchmarkConfig) -> dict:
     import torch
 
     torch.set_num_threads(threads)
-    generator = torch.Generator().manual_seed(0)
-    inputs = {"input_ids": torch.randint(5, vocab_size, (1, sequence_length), generator=generator),
-              "attention_mask": torch.ones(1, sequence_length, dtype=torch.long)}
+    inputs = torch_inputs(vocab_size, sequence_length)
     with torch.inference_mode():
         return timed(lambda: model(**inputs), cfg)
 
@@ -189,34 +212,28 @@ def search_torch_engine(item: dict, cfg: BenchmarkConfig) -> dict:
 
     torch.set_num_threads(1)
     fp32 = load_pytorch({**item, "precision": "fp32"})
-    models = {engine: peers.torch_dynamic_int8(fp32, engine) for engine in peers.torch_engines()}
     length = min(max(cfg.sequence_lengths), item["max_positions"])
-    generator = torch.Generator().manual_seed(0)
-    inputs = {"input_ids": torch.randint(5, item["vocab_size"], (1, length), generator=generator),
-              "attention_mask": torch.ones(1, length, dtype=torch.long)}
-    times: dict[str, list[float]] = {engine: [] for engine in models}
-    with torch.inference_mode():
-        for run_index in range(cfg.warmup + cfg.search_runs):
-            for engine, model in models.items():
-                torch.backends.quantized.engine = engine
-                start = time.perf_counter()
-                model(**inputs)
-                if run_index >= cfg.warmup:
-                    times[engine].append((time.perf_counter() - start) * 1000)
-    engines = {engine: percentiles(t) for engine, t in times.items()}
+
+    def on_engine(engine: str):
+        run_once = runner(item, length, 1, peers.torch_dynamic_int8(fp32, engine))
+
+        def run_on_engine():
+            torch.backends.quantized.engine = engine  # the engine its weights were packed for
+            run_once()
+        return run_on_engine
+
+    engines = in_turn({engine: on_engine(engine) for engine in peers.torch_engines()}, cfg.search_runs, cfg.warmup)
     return {"sequence_length": length, "threads": 1, "runs": cfg.search_runs, "engines": engines,
             "choice": min(engines, key=lambda engine: engines[engine]["p50"])}
 
 
-def runner(item: dict, sequence_length: int, threads: int):
-    """A no-argument callable that runs the artifact once on a batch-1 input of `sequence_length` tokens."""
+def runner(item: dict, sequence_length: int, threads: int, model=None):
+    """A no-argument callable that runs the artifact once on a batch-1 input of `sequence_length` tokens; `model`:
+    the loaded PyTorch model of a "pytorch" artifact."""
     if item["format"] == "pytorch":
         import torch
 
-        model = item["_model"]
-        generator = torch.Generator().manual_seed(0)
-        inputs = {"input_ids": torch.randint(5, item["vocab_size"], (1, sequence_length), generator=generator),
-                  "attention_mask": torch.ones(1, sequence_length, dtype=torch.long)}
+        inputs = torch_inputs(item["vocab_size"], sequence_length)
 
         def run_once():
             with torch.inference_mode():
@@ -233,25 +250,18 @@ def interleaved_with_ours(peer: dict, ours: dict, cfg: BenchmarkConfig) -> dict:
     look faster: {seqL: {"threads1": {"peer": {p50, p90}, "ours": {p50, p90}}}}. 1 thread only: with more, the two
     runtimes' thread pools, spinning between runs, would take cores from each other, so those counts are compared
     from each artifact's own process."""
+    peer_model = None
     if peer["format"] == "pytorch":
         import torch
 
         torch.set_num_threads(1)
-        peer = {**peer, "_model": load_pytorch(peer)}
+        peer_model = load_pytorch(peer)
     comparison: dict = {}
     for length in cfg.sequence_lengths:
         if length > min(peer["max_positions"], ours["max_positions"]):
             continue
-        run_peer, run_ours = runner(peer, length, 1), runner(ours, length, 1)
-        for _ in range(cfg.warmup):
-            run_peer(), run_ours()
-        times: dict[str, list[float]] = {"peer": [], "ours": []}
-        for _ in range(cfg.runs):
-            for name, run_once in (("peer", run_peer), ("ours", run_ours)):
-                start = time.perf_counter()
-                run_once()
-                times[name].append((time.perf_counter() - start) * 1000)
-        comparison[f"seq{length}"] = {"threads1": {name: percentiles(t) for name, t in times.items()}}
+        runs_once = {"peer": runner(peer, length, 1, peer_model), "ours": runner(ours, length, 1)}
+        comparison[f"seq{length}"] = {"threads1": in_turn(runs_once, cfg.runs, cfg.warmup)}
     return comparison
 
 
