@@ -131,6 +131,9 @@ def local_data_files(squad: str, squad_dev: str | None, corpus: str) -> list[str
 def configured_local_paths(cfg: PipelineConfig) -> dict[str, str]:
     """Every file or folder the config names on this machine, by key: the data sources and the pretrained models
     given as paths (hub names and the built-in sources are not paths)."""
+    if cfg.deploy.model is not None:  # a deploy reads the model and its dev set, nothing else
+        sources = {"deploy.model": cfg.deploy.model, **deploy_dev_source(cfg)}
+        return {key: source for key, source in sources.items() if names_a_local_path(source)}
     sources = {
         "data.squad": cfg.data.squad, "data.squad_dev": cfg.data.squad_dev, "data.corpus": cfg.data.corpus,
         "tokenizer.pretrained": cfg.tokenizer.pretrained, "teacher.pretrained": cfg.teacher.pretrained,
@@ -140,6 +143,12 @@ def configured_local_paths(cfg: PipelineConfig) -> dict[str, str]:
         "deploy.model": cfg.deploy.model,
     }
     return {key: source for key, source in sources.items() if names_a_local_path(source)}
+
+
+def deploy_dev_source(cfg: PipelineConfig) -> dict[str, str]:
+    """The one data source a deploy reads, by key: data.squad_dev when set, else data.squad (its dev split for a
+    hub dataset or the synthetic world; a local file is then the dev file itself)."""
+    return {"data.squad_dev": cfg.data.squad_dev} if cfg.data.squad_dev else {"data.squad": cfg.data.squad}
 
 
 def check_local_files(cfg: PipelineConfig) -> None:

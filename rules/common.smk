@@ -1,5 +1,6 @@
 # Helpers of every rule file: the typed config, paths, resources, and the one shell pattern of a stage rule.
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -52,7 +53,8 @@ SQUAD_STUDENT_INPUT = ([SQUAD_STUDENT] if STUDENT_DISTILLED_HERE
 STUDENT_VARIANTS = ["main"] + (["random_init_ablation"] if CFG.distill_pretrain.run_random_init_ablation else [])
 
 # Local SQuAD and corpus files are inputs: editing one reruns what depends on it.
-DATA_FILES = local_data_files(CFG.data.squad, CFG.data.squad_dev, CFG.data.corpus)
+DATA_FILES = (sorted(os.path.normpath(path) for key, path in LOCAL_PATHS.items() if key.startswith("data.")) if DEPLOYING
+              else local_data_files(CFG.data.squad, CFG.data.squad_dev, CFG.data.corpus))
 # A local corpus file is read where it is by tokenizer and tokenize_corpus: an edit reruns them.
 CORPUS_FILES = [f for f in DATA_FILES if f == CFG.data.corpus]
 

@@ -9,7 +9,7 @@ rule prepare_data:
     output:
         directory(f"{ROOT}/data"),
     params:
-        cfg=stage_config("seed", "data"),
+        cfg=stage_config("seed", "data", "deploy"),  # a deploy reads the dev set only
     log:
         log_file("prepare_data"),
     benchmark:

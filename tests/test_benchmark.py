@@ -90,7 +90,8 @@ def test_the_report_shows_chromium_entries_at_each_thread_count_in_the_summary_s
                 "timed": True, "untimed_reason": None, "runs": 20, "peak_rss_mb": 279.0,
                 "latency_ms": {"seq128": {"threads1": {"p50": 10.8, "p90": 20.8}, "threads2": {"p50": 7.5, "p90": 9.1}},
                                "seq384": None}}
-    (tmp_path / "benchmark_web.json").write_text(json.dumps({"artifacts": [chromium]}))
+    skipped = {"what": "Chromium timings (onnxruntime-web in a page)", "reason": "no Chromium at /nowhere"}
+    (tmp_path / "benchmark_web.json").write_text(json.dumps({"artifacts": [chromium], "skipped": [skipped]}))
     machine = {"cpu": "a CPU", "cores": 2, "versions": {}}
     benchmark = report.with_web_timings({"machine": machine, "artifacts": []}, tmp_path / "benchmark_web.json")
     items = benchmark["artifacts"]
@@ -100,11 +101,14 @@ def test_the_report_shows_chromium_entries_at_each_thread_count_in_the_summary_s
     assert "| 10.80 / 20.80 | 7.50 / 9.10 | n/a | n/a | 279 |" in table
     summary = {"target_size_mb": 207, "machine": machine, "artifacts": items, "full_size": [], "gemm_floor": None,
                "ratios": {}, "peers": [], "models": {name: {"params": 1, "exact_match": 1.0, "f1": 1.0}
-                                        for name in ("teacher", "student", "student_ce_only")}}
+                                        for name in ("teacher", "student", "student_ce_only")},
+               "gates": [], "skipped_timings": benchmark["skipped_timings"]}
     jsonschema.validate(summary, json.loads((PROJECT_ROOT / "configs" / "summary.schema.json").read_text()))
     note = " ".join(report.javascript_note(summary, cfg))
     assert "onnx-web-chromium in onnxruntime-web 1.30.0 (WebAssembly, in Chromium 156.0, cross-origin isolated)" in note
     assert "Chromium: WebAssembly threads 1, 2" in note
+    assert report.skipped_note(summary["skipped_timings"]) == [
+        "", "Not timed on this machine: Chromium timings (onnxruntime-web in a page) (no Chromium at /nowhere)."]
 
 
 def test_session_option_sets_change_speed_settings_not_answers(tiny_int8):

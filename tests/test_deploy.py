@@ -2,7 +2,8 @@
 bundled and benchmarked as it is, with no training; models the exporters cannot take are refused with the reason."""
 
 import json
-import shutil
+import os
+import re
 import subprocess
 
 import pytest
@@ -12,6 +13,7 @@ from transformers import BertForMaskedLM, BertForQuestionAnswering, BertTokenize
 from pipeline.config import ConfigError
 from pipeline.deploy import DeployError, check_local_model, deploy_root, load_deployable
 from tests.dag_run import snakemake_command
+from tests.documented_commands import documented_commands, project_copy
 from tests.stage_fixtures import tiny_bert_config, tiny_config
 
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "a", "river", "flows", "north", "who", "what"]
@@ -104,47 +106,79 @@ def test_target_deploy_without_a_model_says_what_to_set(tmp_path):
     assert completed.returncode != 0 and "target deploy needs deploy.model" in completed.stdout + completed.stderr
 
 
+def tiny_qa_model_with_its_own_vocabulary(folder, dev_file):
+    """A small BERT QA model (random weights, 512 positions as a real one has) with a WordPiece vocabulary
+    trained on the dev file's text: a model trained elsewhere, as a user brings one."""
+    from tokenizers import BertWordPieceTokenizer
+
+    records = json.loads(dev_file.read_text())["data"]
+    texts = [paragraph["context"] for article in records for paragraph in article["paragraphs"]]
+    texts += [qa["question"] for article in records for paragraph in article["paragraphs"] for qa in paragraph["qas"]]
+    trainer = BertWordPieceTokenizer(lowercase=True)
+    trainer.train_from_iterator(texts, vocab_size=800)
+    folder.mkdir(parents=True)
+    trainer.save_model(str(folder))
+    tokenizer = BertTokenizerFast(vocab_file=str(folder / "vocab.txt"))
+    tokenizer.save_pretrained(folder)
+    config = tiny_bert_config(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
+                              intermediate_size=64, max_position_embeddings=512)
+    BertForQuestionAnswering(config).save_pretrained(folder)
+
+
 @pytest.mark.integration
-def test_deploy_exports_gates_bundles_and_benchmarks_a_trained_student_without_training(dag_run, tmp_path):
-    """The distilled student of the test DAG, deployed as it is: the DAG plans no training rule, every export is
-    gated against this model's own PyTorch answers, and the bundle and report describe it."""
-    student = tmp_path / "distill_squad"  # a copy: the test edits a file in it below
-    shutil.copytree(dag_run.root / "distill_squad", student)
-    config = tmp_path / "deploy.yaml"
-    config.write_text(f"output_root: {json.dumps(str(tmp_path / 'out'))}\ndeploy:\n  model: {json.dumps(str(student))}\n")
-    completed = subprocess.run(snakemake_command(tmp_path, config, target="deploy"), capture_output=True, text=True,
+def test_the_documented_offline_deploy_runs_as_written(squad2_dev_sample, tmp_path):
+    """docs/deploy.md's offline command, run exactly as written in a copy of the project with ./my-qa-model and
+    ./my-dev.json beside it: no MLM corpus, no tokenizer training, no training rule, no full-size build; every
+    export gated against this model's own PyTorch answers; the bundle, benchmark and report describe it."""
+    (_, command), = [(name, line) for name, line in documented_commands(".venv/bin/snakemake deploy")
+                     if "squad_dev: ./my-dev.json" in line]
+    project = project_copy(tmp_path / "project")
+    (project / "my-dev.json").symlink_to(squad2_dev_sample)  # read where it is, never copied
+    tiny_qa_model_with_its_own_vocabulary(project / "my-qa-model", squad2_dev_sample)
+    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    completed = subprocess.run(command, shell=True, cwd=project, env=environment, capture_output=True, text=True,
                                timeout=900)
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
-    ran = {line.split()[-1].rstrip(":") for line in completed.stderr.splitlines() if line.startswith(("rule ", "localrule "))}
+    ran = set(re.findall(r"^(?:local)?rule (\w+):$", completed.stderr, flags=re.M))
     assert ran == {"prepare_data", "deploy_model", "export_onnx", "quantize_onnx", "export_coreml", "bundle",
-                   "benchmark", "report", "deploy"}
-    root = tmp_path / "out" / "deploy" / "distill_squad"
+                   "benchmark", "benchmark_web", "report", "deploy"}
+    assert "starts with './'" not in completed.stderr
+    root = project / "artifacts" / "deploy" / "my-qa-model"
+    data = json.loads((root / "data" / "metrics.json").read_text())
+    assert data["deploy"] and data["n_train_examples"] == 0 and data["n_dev_examples"] == 473  # v2: answerable only
+    assert sorted(path.name for path in (root / "data").glob("[!.]*")) == ["dev.json", "dev.jsonl", "manifest.json",
+                                                                         "metrics.json"]
     deployed = json.loads((root / "deployed_model" / "metrics.json").read_text())
-    assert deployed["source"] == str(student) and deployed["fine_tuned_here"] is False
+    assert deployed["source"] == "./my-qa-model" and deployed["fine_tuned_here"] is False
     predictions = json.loads((root / "deployed_model" / "predictions.json").read_text())
-    assert len(predictions) == deployed["n_examples"]
+    assert len(predictions) == deployed["n_examples"] == 473
     export = json.loads((root / "onnx" / "deployed" / "export.json").read_text())
-    assert export["n_questions"] == deployed["n_examples"]  # the test's dev set is within export.gates.dev_questions
     assert export["pytorch"]["f1"] == deployed["f1"]  # the gates hold the exports to this model's own answers
-    assert export["fp32"]["answer_agreement_with_pytorch"] >= tiny_config().export.gates.min_pytorch_agreement
+    assert export["fp32"]["passed"] and export["optimized"]["passed"]
+    quantized = json.loads((root / "quantized" / "deployed" / "quantize.json").read_text())
+    # Every dev question is gated: none is left to calibrate static scales on, and the qdq recipes say so.
+    assert quantized["left_out_recipes"] and all("calibrate" in why for why in quantized["left_out_recipes"].values())
+    assert quantized["bundle_choice"] and not any("qdq" in name for name in quantized["variants"])
+    agreement = quantized["variants"]["int8"]["gates"]["answer_agreement"]
+    assert agreement["minimum"] is None and agreement["passed"] is None  # recorded, not a gate (configs/deploy.yaml)
     bundle = json.loads((root / "bundle" / "metrics.json").read_text())
-    assert bundle["n_questions"] > 0 and (root / "bundle" / "model.int8.ort").is_file()
+    assert bundle["n_questions"] == 473 and (root / "bundle" / "model.int8.ort").is_file()
     summary = json.loads((root / "report" / "summary.json").read_text())
     assert set(summary["models"]) == {"deployed"} and summary["models"]["deployed"]["f1"] == deployed["f1"]
-    assert {item["model"] for item in summary["artifacts"]} == {"deployed"}
-    assert "deployed/ort-int8" in {item["name"] for item in summary["artifacts"]}
+    assert summary["full_size"] == [] and "deployed/ort-int8" in {item["name"] for item in summary["artifacts"]}
+    assert any(row["shipped"] and row["variant"] == f"onnx-{quantized['bundle_choice']}" for row in summary["gates"])
     report_text = (root / "report" / "report.md").read_text()
-    assert report_text.startswith(f"# {student}, deployed as it is") and "Training" not in report_text
-    assert "export.full_size.architectures is empty in this build, so none was measured" in report_text
+    assert report_text.startswith("# ./my-qa-model, deployed as it is") and "## Training" not in report_text
+    assert "## Gates: what ships" in report_text
     card = ModelCard.load(root / "deployed_model" / "README.md")
     assert card.data.license is None and card.data.eval_results[1].metric_value == deployed["f1"]
-    assert not any((root / stage).exists() for stage in ("teacher", "distill_squad", "tokenizer"))
+    assert not any((root / stage).exists() for stage in ("teacher", "distill_squad", "tokenizer", "corpus", "full_size"))
     # Editing a file inside the local model folder plans the build again from deploy_model on.
-    card = student / "README.md"
-    card.write_text(card.read_text() + "\nEdited.\n")
-    planned = subprocess.run(snakemake_command(tmp_path, config, "-n", target="deploy"), capture_output=True, text=True,
-                             check=True)
-    assert "deploy_model" in planned.stdout and "bundle" in planned.stdout
+    readme = project / "my-qa-model" / "tokenizer_config.json"
+    readme.write_text(readme.read_text().replace("}", ', "edited": true}', 1))
+    planned = subprocess.run(command + " -n", shell=True, cwd=project, env=environment, capture_output=True,
+                             text=True, check=True)
+    assert "deploy_model" in planned.stdout and "bundle" in planned.stdout and "prepare_data" not in planned.stdout
 
 
 def test_the_readme_command_plans_the_deploy_dag_with_no_training_rule(tmp_path):

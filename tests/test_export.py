@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pipeline import onnx_qa
-from pipeline.artifacts import verify_manifest
+from pipeline.artifacts import verify_manifest, write_manifest
 from pipeline.gates import GateError
 from pipeline.export import coreml, int8, onnx_graph
 from pipeline.stages import export_coreml, export_full_size, export_onnx, quantize
@@ -77,11 +77,17 @@ def test_fused_op_counts_are_recorded_and_checked_per_layer(built):
         onnx_graph.check_fusions({**fused, "Attention": 1}, 2, "somewhere")
 
 
-def test_a_missed_parity_gate_fails_the_stage_with_the_numbers_and_leaves_no_output(built, tmp_path):
+def test_a_missed_parity_gate_is_recorded_and_stops_the_stage_only_when_strict(built, tmp_path):
     cfg = tiny_config(export={"gates": {"max_abs_logit_diff": 1e-12}})
-    with pytest.raises(GateError, match=r"max \|logit diff\| .* > 1e-12"):
-        export_onnx.run(cfg, built["student"], built["data"], tmp_path / "onnx")
-    assert not (tmp_path / "onnx").exists()
+    metrics = export_onnx.run(cfg, built["student"], built["data"], tmp_path / "onnx")
+    assert metrics["rejected"] == ["fp32", "optimized"]
+    verdict = metrics["fp32"]["gates"]["max_abs_logit_diff"]
+    assert verdict["passed"] is False and verdict["maximum"] == 1e-12 and verdict["value"] > 1e-12
+    assert metrics["fp32"]["gates"]["torch_free_answer_agreement"]["passed"] is True
+    strict = tiny_config(export={"gates": {"max_abs_logit_diff": 1e-12, "strict": True}})
+    with pytest.raises(GateError, match=r"fp32: max_abs_logit_diff .*, needs <= 1e-12"):
+        export_onnx.run(strict, built["student"], built["data"], tmp_path / "strict")
+    assert not (tmp_path / "strict").exists()
 
 
 # ---------------------------------------------------------------------------------------------- quantize
@@ -163,12 +169,39 @@ def test_quantization_presets_per_target(target, per_channel, reduce_range):
     assert int8.quantization_settings(explicit)["per_channel"] is (not per_channel)
 
 
-def test_compressed_variants_are_gated_on_answer_agreement_and_f1(built, tmp_path):
+def test_compressed_variants_that_miss_a_gate_are_rejected_and_nothing_is_bundled(built, tmp_path):
+    from pipeline.stages import bundle
+
     cfg = tiny_config(export={"quantize": {"int4": False}})
     cfg.export.gates.min_answer_agreement = 1.01  # above any possible agreement: the gate must fail (the schema caps 1.0)
-    with pytest.raises(GateError, match=r"int8: answer_agreement [0-9.]+ \(needs >= 1.01\)"):
-        quantize.run(cfg, built["onnx_student"], built["student"], built["data"], tmp_path / "quantized")
-    assert not (tmp_path / "quantized").exists()
+    metrics = quantize.run(cfg, built["onnx_student"], built["student"], built["data"], tmp_path / "quantized")
+    assert metrics["bundle_choice"] is None and metrics["rejected"] == sorted(metrics["variants"])
+    gate = metrics["variants"]["int8"]["gates"]["answer_agreement"]
+    assert gate["passed"] is False and gate["interval"][1] < 1.01 and gate["minimum"] == 1.01
+    with pytest.raises(GateError, match="no int8 variant passed its gates, nothing to bundle"):
+        bundle.run(cfg, tmp_path / "quantized", built["coreml"], built["student"], built["data"], tmp_path / "bundle")
+    assert not (tmp_path / "bundle").exists()
+    cfg.export.gates.strict = True
+    with pytest.raises(GateError, match=r"int8: answer_agreement [0-9.]+ \(95 % interval .*\), needs >= 1.01"):
+        quantize.run(cfg, built["onnx_student"], built["student"], built["data"], tmp_path / "strict")
+    assert not (tmp_path / "strict").exists()
+
+
+def test_a_gate_is_missed_only_beyond_the_measurements_own_noise():
+    from pipeline import gates
+
+    pytorch = {f"q{i}": "right" for i in range(1000)}
+    gold = {question: ["right"] for question in pytorch}
+    near = {**pytorch, **{f"q{i}": "wrong" for i in range(42)}}   # 95.8 % agreement, 4.2 F1 lost
+    verdict = gates.agreement_gate(near, pytorch, 0.96)
+    assert verdict["value"] == 0.958 and verdict["passed"] and verdict["within_noise"]   # 0.96 inside [0.944, 0.969]
+    assert not gates.agreement_gate(near, pytorch, 0.97)["passed"]                       # beyond it
+    assert gates.agreement_gate(near, pytorch, None)["passed"] is None                   # recorded, not a gate
+    drop = gates.f1_drop_gate(near, pytorch, gold, 1.0)
+    assert drop["value"] == pytest.approx(4.2) and drop["interval"][0] > 1.0 and not drop["passed"]
+    assert gates.f1_drop_gate(near, pytorch, gold, 4.0)["within_noise"]
+    report = gates.compressed_model_report("x", near, pytorch, gold, 100.0, None, 5.0)
+    assert report["passed"] and report["f1_drop"] == pytest.approx(4.2)
 
 
 # ------------------------------------------------------------------------------------------------ CoreML
@@ -290,6 +323,28 @@ def test_bundle_holds_the_contract_files_and_a_complete_manifest(built):
     assert "Worked example" in readme and "doc_stride" in readme
 
 
+def test_the_bundle_leaves_out_rejected_coreml_packages_and_stops_when_none_passed(built, tmp_path):
+    from pipeline.stages import bundle
+
+    coreml_dir = tmp_path / "coreml"
+    shutil.copytree(built["coreml"], coreml_dir)
+    report = json.loads((coreml_dir / "coreml.json").read_text())
+    report["packages"]["4bit"]["dev"]["passed"] = False
+    (coreml_dir / "coreml.json").write_text(json.dumps(report))
+    write_manifest(coreml_dir)
+    metrics = bundle.run(built["cfg"], built["quantized"], coreml_dir, built["student"], built["data"], tmp_path / "b")
+    assert set(metrics["coreml_size_mb"]) == {"fp16", "int8"} and metrics["rejected_by_gates"]["coreml"] == ["4bit"]
+    assert not (tmp_path / "b" / "coreml" / "4bit.mlpackage").exists()
+    assert set(json.loads((tmp_path / "b" / "qa_config.json").read_text())["coreml"]["models"]) == {"fp16", "int8"}
+    for package in report["packages"].values():
+        package["dev"]["passed"] = False
+    (coreml_dir / "coreml.json").write_text(json.dumps(report))
+    write_manifest(coreml_dir)
+    with pytest.raises(GateError, match="no CoreML package passed its gates"):
+        bundle.run(built["cfg"], built["quantized"], coreml_dir, built["student"], built["data"], tmp_path / "none")
+    assert not (tmp_path / "none").exists()
+
+
 def test_the_ort_model_loads_back_and_answers_like_the_onnx_model(built):
     examples = dev_examples(built["data"])
     onnx_answers = onnx_qa.QuestionAnswerer.from_bundle(built["bundle"]).predict(examples)
@@ -326,16 +381,45 @@ def test_a_changed_or_truncated_bundle_file_is_refused_by_name(built, tmp_path):
     assert completed.returncode == 2 and "model.int8.onnx" in completed.stderr
 
 
-def variant(p50, size_mb, passed=True):
-    return {"latency_ms": {"p50": p50}, "size_mb": size_mb, "passed": passed}
+def variant(p50, size_mb, passed=True, f1=90.0):
+    return {"latency_ms": {"p50": p50}, "size_mb": size_mb, "passed": passed, "f1": f1}
 
 
-def test_the_bundle_takes_the_fastest_passing_variant_and_breaks_near_ties_by_size():
+def test_the_bundle_weighs_accuracy_before_speed_and_breaks_near_ties_by_size():
     choose = int8.choose_bundle_variant
-    assert choose({"int8": variant(10.0, 5), "int8-optimized": variant(8.0, 6)}, 0.05)[:2] == ("int8-optimized", "int8")
-    assert choose({"int8": variant(10.0, 5), "int8-optimized": variant(9.8, 6)}, 0.05)[:2] == ("int8", "int8-optimized")
-    assert choose({"int8": variant(10.0, 5), "int8-optimized": variant(1.0, 6, passed=False)}, 0.05)[:2] == ("int8", None)
-    assert choose({"int8": variant(1.0, 5, False), "int8-optimized": variant(1.0, 6, False)}, 0.05)[0] is None
+    same = {"int8": np.full(500, 90.0), "int8-optimized": np.full(500, 90.0)}
+    assert choose({"int8": variant(10.0, 5), "int8-optimized": variant(8.0, 6)}, same, 0.05)[:2] == ("int8-optimized", "int8")
+    assert choose({"int8": variant(10.0, 5), "int8-optimized": variant(9.8, 6)}, same, 0.05)[:2] == ("int8", "int8-optimized")
+    assert choose({"int8": variant(10.0, 5), "int8-optimized": variant(1.0, 6, passed=False)}, same, 0.05)[:2] == ("int8", None)
+    assert choose({"int8": variant(1.0, 5, False), "int8-optimized": variant(1.0, 6, False)}, same, 0.05)[0] is None
+    # The faster variant loses 40 of 500 questions: significantly less accurate, so the slower one ships.
+    worse = np.full(500, 90.0)
+    worse[:40] = 0.0
+    variants = {"int8": variant(10.0, 5, f1=90.0), "int8-optimized": variant(5.0, 6, f1=82.8)}
+    choice, runner_up, why = choose(variants, {"int8": np.full(500, 90.0), "int8-optimized": worse}, 0.05)
+    assert (choice, runner_up) == ("int8", None) and "significantly less accurate" in why
+    assert variants["int8-optimized"]["accuracy_vs_best"]["as_accurate"] is False
+    # Two questions lost is within the noise: speed decides.
+    close = np.full(500, 90.0)
+    close[:2] = 0.0
+    variants = {"int8": variant(10.0, 5, f1=90.0), "int8-optimized": variant(5.0, 6, f1=89.6)}
+    assert choose(variants, {"int8": np.full(500, 90.0), "int8-optimized": close}, 0.05)[0] == "int8-optimized"
+
+
+def test_the_full_size_search_takes_the_recipes_that_passed_everywhere_else_on_the_shipped_model(tmp_path):
+    cfg = tiny_config()
+    verdicts = {"teacher": {"int8": False, "int8-x": True}, "student": {"int8": True, "int8-x": False},
+                "student_ce_only": {"int8": True, "int8-x": True}}
+    for model, passed in verdicts.items():
+        folder = tmp_path / "quantized" / model
+        folder.mkdir(parents=True)
+        (folder / "quantize.json").write_text(json.dumps({"variants": {n: {"passed": p} for n, p in passed.items()}}))
+    names, found, decided_on = int8.recipes_passing_everywhere(tmp_path, cfg)
+    assert names == ["int8"] and "bundled model (student) only" in decided_on and found == verdicts
+    verdicts["teacher"]["int8"] = True
+    (tmp_path / "quantized" / "teacher" / "quantize.json").write_text(
+        json.dumps({"variants": {n: {"passed": p} for n, p in verdicts["teacher"].items()}}))
+    assert int8.recipes_passing_everywhere(tmp_path, cfg)[::2] == (["int8"], "every exported model")
 
 
 def test_exports_are_scored_on_the_first_dev_questions_against_pytorch_on_the_same_ones(built):

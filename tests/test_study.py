@@ -1,11 +1,9 @@
 """Target study: run configs per variant, the statistics of the summary, and the planned DAG."""
 
 import json
-import math
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from pipeline.config import STUDY_VARIANTS, ConfigError, PipelineConfig, from_dict, to_dict
@@ -39,20 +37,6 @@ def test_the_study_needs_two_seeds_and_the_baseline():
         tiny_config(study={"seeds": [1]})
     with pytest.raises(ConfigError, match="study.variants"):
         tiny_config(study={"variants": ["distilbert"]})
-
-
-def test_the_interval_is_students_t_over_seeds():
-    result = study.interval([80.0, 82.0, 84.0], 0.95)
-    assert result["mean"] == 82.0 and result["std"] == 2.0
-    half_width = 4.302653 * 2.0 / math.sqrt(3)  # t(0.975, 2 degrees of freedom)
-    assert result["low"] == pytest.approx(82.0 - half_width, abs=1e-3)
-    assert result["high"] == pytest.approx(82.0 + half_width, abs=1e-3)
-
-
-def test_the_bootstrap_standard_error_matches_the_analytic_one():
-    scores = np.random.default_rng(0).choice([0.0, 100.0], size=2000, p=[0.1, 0.9])
-    analytic = scores.std() / math.sqrt(len(scores))
-    assert study.bootstrap_standard_error(scores, 2000) == pytest.approx(analytic, rel=0.1)
 
 
 def write_run(folder, f1, predictions, seconds=10.0):

@@ -283,16 +283,30 @@ def test_a_chromium_timing_that_cannot_run_the_threads_asked_for_is_an_error(tin
     assert not out.exists()
 
 
-def test_benchmark_web_without_the_npm_packages_or_chromium_fails_clearly_and_writes_nothing(tiny, tmp_path,
-                                                                                             monkeypatch):
+def test_benchmark_web_without_the_npm_packages_or_chromium_fails_clearly_when_they_are_required(tiny, tmp_path,
+                                                                                                monkeypatch):
     root = benchmark_root(tiny, tmp_path)
     out = tmp_path / "benchmark_web.json"
     with pytest.raises(benchmark_web.WebBenchmarkError, match="node_modules/onnxruntime-node is missing: run `npm ci`"):
-        benchmark_web.run(root, out, BenchmarkConfig(browser=False), client_dir=tmp_path / "no-client")
+        benchmark_web.run(root, out, BenchmarkConfig(javascript=True, browser=False), client_dir=tmp_path / "no-client")
     monkeypatch.setenv("CHROMIUM_PATH", str(tmp_path / "no-chromium"))
-    with pytest.raises(benchmark_web.WebBenchmarkError, match="no-chromium: no Chromium there .*benchmark.browser: false"):
+    with pytest.raises(benchmark_web.WebBenchmarkError, match="no Chromium at .*no-chromium.*benchmark.browser is true"):
         benchmark_web.run(root, out, BenchmarkConfig(browser=True))
     assert not out.exists()
     shutil.rmtree(root / "bundle")
     with pytest.raises(benchmark_web.WebBenchmarkError, match="bundle/qa_config.json: missing"):
         benchmark_web.run(root, out, BenchmarkConfig(browser=False))
+
+
+def test_benchmark_web_on_auto_times_what_the_machine_has_and_says_what_it_skipped(tiny, tmp_path, monkeypatch):
+    root = benchmark_root(tiny, tmp_path)
+    monkeypatch.setenv("CHROMIUM_PATH", str(tmp_path / "no-chromium"))
+    cfg = BenchmarkConfig(sequence_lengths=[32], runs=2, warmup=0)  # javascript and browser: auto (the default)
+    metrics = benchmark_web.run(root, tmp_path / "web.json", cfg)
+    assert [a["format"] for a in metrics["artifacts"]] == ["onnx-web", "onnx-node"]
+    assert [item["what"] for item in metrics["skipped"]] == ["Chromium timings (onnxruntime-web in a page)"]
+    assert "no Chromium at" in metrics["skipped"][0]["reason"] and "no-chromium" in metrics["skipped"][0]["reason"]
+    without_client = benchmark_web.run(root, tmp_path / "none.json", cfg, client_dir=tmp_path / "no-client")
+    assert without_client["artifacts"] == []
+    assert "onnxruntime-node is missing" in without_client["skipped"][0]["reason"]
+    assert json.loads((tmp_path / "none.json").read_text()) == without_client

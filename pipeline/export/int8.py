@@ -1,5 +1,5 @@
 """Quantized ONNX graphs: the int8 recipes (naive baseline and search grid), 4-bit weight-only blocks, the target's
-settings, and the choice among the variants that passed their gates (by latency on this machine).
+settings, and the choice among the variants that passed their gates (accuracy first, then latency on this machine).
 
 onnxruntime.quantization does the quantizing; this module decides what to quantize and how.
 """
@@ -16,11 +16,12 @@ import onnx
 from onnx import numpy_helper
 
 from pipeline import onnx_qa
-from pipeline.artifacts import exported_models, read_json
+from pipeline.artifacts import bundled_model, exported_models, read_json
 from pipeline.config import PipelineConfig, QuantizeConfig
 from pipeline.export.onnx_graph import MODEL_FILE, optimize_graph
 from pipeline.gates import GateError
 from pipeline.latency import compare_latency, cpu_description
+from pipeline.statistics import paired_bootstrap_interval
 
 NAIVE = "int8"
 # Per target: (per_channel, reduce_range). u8s8 kernels without VNNI can overflow int16 accumulators, which
@@ -208,34 +209,57 @@ def copy_side_files(source_dir: Path, target_dir: Path) -> None:
             shutil.copy(path, target_dir / path.name)
 
 
-def choose_bundle_variant(variants: dict, tie_fraction: float) -> tuple[str | None, str | None, str]:
-    """The fastest int8 variant that passed its gates, and the runner-up; near-equal medians go to the smaller file."""
-    passing = sorted((name for name in variants if name.startswith(NAIVE) and variants[name]["passed"]),
-                     key=lambda name: variants[name]["latency_ms"]["p50"])
+def choose_bundle_variant(variants: dict, f1_by_question: dict[str, np.ndarray],
+                          tie_fraction: float) -> tuple[str | None, str | None, str]:
+    """Accuracy before speed: among the int8 variants that passed their gates, those not significantly less accurate
+    than the most accurate one (the paired bootstrap 95 % interval of their F1 difference reaches 0), then the
+    fastest of these; near-equal medians go to the smaller file. Returns the choice, the runner-up and why.
+    Marks each passing variant's `accuracy_vs_best` in `variants`."""
+    passing = [name for name in variants if name.startswith(NAIVE) and variants[name]["passed"]]
     if not passing:
         return None, None, "no int8 variant passed its gates"
-    if len(passing) == 1:
-        return passing[0], None, "the only int8 variant that passed its gates"
-    fastest, second = passing[0], passing[1]
+    most_accurate = max(passing, key=lambda name: (variants[name]["f1"], -variants[name]["latency_ms"]["p50"]))
+    as_accurate = []
+    for name in passing:
+        low, high = paired_bootstrap_interval(f1_by_question[name] - f1_by_question[most_accurate])
+        variants[name]["accuracy_vs_best"] = {"best": most_accurate, "f1_difference_interval": [low, high],
+                                              "as_accurate": high >= 0}
+        if high >= 0:
+            as_accurate.append(name)
+    as_accurate.sort(key=lambda name: variants[name]["latency_ms"]["p50"])
+    less_accurate = len(passing) - len(as_accurate)
+    accuracy = (f"{len(as_accurate)} of {len(passing)} passing variants as accurate as the best ({most_accurate}, "
+                f"F1 {variants[most_accurate]['f1']})"
+                + (f"; {less_accurate} significantly less accurate left out" if less_accurate else ""))
+    if len(as_accurate) == 1:
+        return as_accurate[0], None, f"accuracy: {accuracy}"
+    fastest, second = as_accurate[0], as_accurate[1]
     fast_ms, second_ms = variants[fastest]["latency_ms"]["p50"], variants[second]["latency_ms"]["p50"]
     if second_ms - fast_ms > tie_fraction * fast_ms:
-        return fastest, second, f"latency: p50 {fast_ms} ms vs {second_ms} ms"
+        return fastest, second, f"{accuracy}; then latency: p50 {fast_ms} ms vs {second_ms} ms"
     smaller, larger = sorted((fastest, second), key=lambda name: variants[name]["size_mb"])
-    return smaller, larger, (f"size: p50 {fast_ms} ms vs {second_ms} ms is within {tie_fraction:.0%}, so the smaller "
-                             f"file ({variants[smaller]['size_mb']} MB vs {variants[larger]['size_mb']} MB)")
+    return smaller, larger, (f"{accuracy}; then size: p50 {fast_ms} ms vs {second_ms} ms is within "
+                             f"{tie_fraction:.0%}, so the smaller file ({variants[smaller]['size_mb']} MB vs "
+                             f"{variants[larger]['size_mb']} MB)")
 
 
 # The full-size search: which recipe the speed goals are measured with (benchmark rule).
 
 
-def recipes_passing_everywhere(root: Path, cfg: PipelineConfig) -> tuple[list[str], dict]:
-    """int8 recipe names that passed their accuracy gates on every exported model, and each model's verdicts."""
+def recipes_passing_everywhere(root: Path, cfg: PipelineConfig) -> tuple[list[str], dict, str]:
+    """int8 recipe names that passed their accuracy gates on every exported model, each model's verdicts, and which
+    models decided: when no recipe passed everywhere, the recipes that passed on the bundled model (the one the
+    app ships), said so in the third value."""
     verdicts = {}
     for model in exported_models(cfg):
         variants = read_json(root / "quantized" / model / "quantize.json")["variants"]
         verdicts[model] = {name: bool(report["passed"]) for name, report in variants.items() if name.startswith("int8")}
     names = sorted(set.intersection(*(set(name for name, ok in v.items() if ok) for v in verdicts.values())))
-    return names, verdicts
+    if names:
+        return names, verdicts, "every exported model"
+    shipped = bundled_model(cfg)
+    names = sorted(name for name, ok in verdicts[shipped].items() if ok)
+    return names, verdicts, f"the bundled model ({shipped}) only: no recipe passed on every exported model"
 
 
 def search_int8(root: Path, cfg: PipelineConfig) -> dict:
@@ -244,11 +268,11 @@ def search_int8(root: Path, cfg: PipelineConfig) -> dict:
     folder = root / "full_size" / "distilbert"
     full_size = read_json(folder / "full_size.json")
     vocab_size = read_json(folder / "pytorch" / "config.json")["vocab_size"]
-    passing, verdicts = recipes_passing_everywhere(root, cfg)
+    passing, verdicts, decided_on = recipes_passing_everywhere(root, cfg)
     candidates = [name for name in full_size["int8_recipes"] if name in passing]
     if not candidates:
-        raise GateError(f"{root}/quantized/*/quantize.json: no int8 recipe passed its gates on every trained model "
-                        f"({verdicts})")
+        raise GateError(f"{root}/quantized/*/quantize.json: no int8 recipe of the full-size build passed its gates "
+                        f"on {decided_on} ({verdicts})")
     length = max(bcfg.sequence_lengths)
     paths = {name: folder / "onnx" / name / "model.onnx" for name in candidates}
     first = compare_latency(paths, length, vocab_size, threads=1, runs=bcfg.search_runs, warmup=bcfg.warmup)
@@ -261,7 +285,7 @@ def search_int8(root: Path, cfg: PipelineConfig) -> dict:
     best_recipe, best_options = pairs[ranked[0]]
     runner_up = next((key for key in ranked if pairs[key][0] != best_recipe), ranked[1] if len(ranked) > 1 else None)
     return {
-        "sequence_length": length, "threads": 1, "runs": bcfg.search_runs,
+        "sequence_length": length, "threads": 1, "runs": bcfg.search_runs, "gates_decided_on": decided_on,
         "candidates": {name: {"recipe": full_size["int8_recipes"][name], "latency_ms": first[name]}
                        for name in candidates},
         "rejected_by_gates": {name: {model: v.get(name) for model, v in verdicts.items()}

@@ -44,26 +44,58 @@ def chromium_path() -> Path:
     return Path(os.environ.get("CHROMIUM_PATH") or "/usr/bin/chromium")
 
 
+def missing_client(client_dir: Path = CLIENT_DIR) -> str | None:
+    """Why the JavaScript timings cannot run here (Node.js or the client's npm packages missing), or None."""
+    if shutil.which("node") is None:
+        return "node is not on PATH: install Node.js 20 or newer"
+    for package in ("onnxruntime-node", "onnxruntime-web"):
+        if not (client_dir / "node_modules" / package).is_dir():
+            return f"{client_dir / 'node_modules' / package} is missing: run `npm ci` in {client_dir}"
+    return None
+
+
+def missing_browser(client_dir: Path = CLIENT_DIR) -> str | None:
+    """Why the Chromium timings cannot run here (no Chromium, or no puppeteer-core to drive it), or None."""
+    if not (client_dir / "node_modules" / "puppeteer-core").is_dir():
+        return f"{client_dir / 'node_modules' / 'puppeteer-core'} is missing: run `npm ci` in {client_dir}"
+    if not chromium_path().is_file():
+        return (f"no Chromium at {chromium_path()}: `apt-get install chromium` (setup.sh does as root) or set "
+                "CHROMIUM_PATH")
+    return None
+
+
 def check_client(client_dir: Path = CLIENT_DIR, browser: bool = False) -> str:
     """The node executable; fails with what to install when Node, the client's node_modules or (with `browser`)
     Chromium are missing."""
-    node = shutil.which("node")
-    if node is None:
-        raise WebBenchmarkError("node is not on PATH: install Node.js 20 or newer")
-    packages = ("onnxruntime-node", "onnxruntime-web") + (("puppeteer-core",) if browser else ())
-    for package in packages:
-        if not (client_dir / "node_modules" / package).is_dir():
-            raise WebBenchmarkError(f"{client_dir / 'node_modules' / package} is missing: run `npm ci` in {client_dir}")
-    if browser and not chromium_path().is_file():
-        raise WebBenchmarkError(f"{chromium_path()}: no Chromium there (benchmark.browser is true): "
-                                "`apt-get install chromium`, set CHROMIUM_PATH, or set benchmark.browser: false")
-    return node
+    reason = missing_client(client_dir) or (missing_browser(client_dir) if browser else None)
+    if reason:
+        raise WebBenchmarkError(reason + (" (benchmark.browser is true: set it to auto or false to time without it)"
+                                          if browser and "hromium" in reason else ""))
+    return shutil.which("node")
 
 
-def runtimes(cfg: BenchmarkConfig) -> dict[str, list[int]]:
+def what_runs(cfg: BenchmarkConfig, client_dir: Path = CLIENT_DIR) -> tuple[bool, bool, list[dict]]:
+    """Whether the JavaScript and the Chromium timings run on this machine, and what is skipped with the reason.
+    true requires the tools (the run stops without them); auto times what the machine has."""
+    skipped = []
+    javascript = cfg.javascript is not False
+    if cfg.javascript == "auto" and (reason := missing_client(client_dir)):
+        skipped.append({"what": "JavaScript timings (onnxruntime-web and onnxruntime-node in Node, and Chromium)",
+                        "reason": reason})
+        javascript = False
+    browser = javascript and cfg.browser is not False
+    if javascript and cfg.browser == "auto" and (reason := missing_browser(client_dir)):
+        skipped.append({"what": "Chromium timings (onnxruntime-web in a page)", "reason": reason})
+        browser = False
+    if javascript:
+        check_client(client_dir, browser=browser)  # true: stops here, naming what is missing
+    return javascript, browser, skipped
+
+
+def runtimes(cfg: BenchmarkConfig, browser: bool) -> dict[str, list[int]]:
     """bench.mjs backend -> the thread counts it is timed at."""
     timed = {"web": NODE_THREADS, "node": NODE_THREADS}
-    if cfg.browser:
+    if browser:
         timed["chromium"] = sorted(set(cfg.browser_threads))
     return timed
 
@@ -124,13 +156,15 @@ def merged_latency(results: list[dict]) -> dict:
 
 def run(root: Path, out: Path, cfg: BenchmarkConfig | None = None, client_dir: Path = CLIENT_DIR,
         bundled: tuple[str, str] = STUDENT) -> dict:
-    """Time every model on every JavaScript runtime and write the entries to `out` (JSON)."""
+    """Time every model on every JavaScript runtime this machine has (benchmark.javascript / browser) and write the
+    entries, and what was skipped with the reason, to `out` (JSON)."""
     cfg = cfg or BenchmarkConfig()
-    node = check_client(client_dir, browser=cfg.browser)
-    timed = runtimes(cfg)
+    javascript, with_browser, skipped = what_runs(cfg, client_dir)
+    node = shutil.which("node")
+    timed = runtimes(cfg, with_browser) if javascript else {}
     versions, node_version, browser = {}, None, None
     artifacts = []
-    for model in models_to_time(root, cfg.javascript_full_size, bundled):
+    for model in models_to_time(root, cfg.javascript_full_size, bundled) if javascript else []:
         runs = cfg.javascript_full_size_runs if model["full_size"] else cfg.runs
         for backend, thread_counts in timed.items():
             fmt = BACKENDS[backend]
@@ -155,7 +189,10 @@ def run(root: Path, out: Path, cfg: BenchmarkConfig | None = None, client_dir: P
                      "runs": cfg.runs, "full_size_runs": cfg.javascript_full_size_runs, "warmup": cfg.warmup,
                      "batch_size": 1},
         "artifacts": artifacts,
+        "skipped": skipped,
     }
+    for item in skipped:
+        logger.warning("benchmark_web: %s skipped: %s", item["what"], item["reason"])
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out, metrics)
     return metrics

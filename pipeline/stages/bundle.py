@@ -1,9 +1,10 @@
 """Stage bundle: the folder an app ships, built from the distilled student's exports (or the deployed model's).
 
 artifacts/bundle/
-  model.int8.onnx           the fastest int8 graph that passed its gates (quantize.json's bundle_choice)
+  model.int8.onnx           quantize.json's bundle_choice: of the int8 graphs that passed their gates and are as
+                            accurate as the best, the fastest
   model.int8.ort            the same graph in ORT format for ONNX Runtime Mobile (+ its required-operators list)
-  coreml/*.mlpackage        every CoreML variant (fp16, int8, 4-bit)
+  coreml/*.mlpackage        every CoreML variant (fp16, int8, 4-bit) that passed its gates
   tokenizer.json, vocab.txt the WordPiece tokenizer (vocab.txt for ports without a tokenizers library)
   qa_config.json            windowing and n-best settings, input/output names and types, file names
   README.md                 the contract for app developers, with a worked example from this build
@@ -100,6 +101,17 @@ def qa_config(cfg: PipelineConfig, answerer: onnx_qa.QuestionAnswerer, coreml: d
     }
 
 
+def shipped_coreml(coreml: dict, cfg: PipelineConfig, coreml_dir: Path) -> dict:
+    """coreml.json with only the packages that passed their gates (a package scored on no dev set counts as
+    passed); stops when CoreML variants were built and none passed: the bundle ships CoreML."""
+    passed = {variant: package for variant, package in coreml["packages"].items()
+              if package.get("dev", {}).get("passed") is not False}
+    if coreml["packages"] and not passed:
+        raise GateError(f"{coreml_dir}/coreml.json: no CoreML package passed its gates "
+                        f"({', '.join(coreml['packages'])} all rejected), nothing of that format to bundle")
+    return {**coreml, "packages": passed}
+
+
 def worked_example(answerer: onnx_qa.QuestionAnswerer, example: dict) -> dict:
     windows = answerer.windows([example])
     result = answerer.answer(example["question"], example["context"], n_best=3)
@@ -183,7 +195,7 @@ def run(cfg: PipelineConfig, quantized_dir: Path, coreml_dir: Path, model_dir: P
     choice = quantized["bundle_choice"]
     if choice is None:
         raise GateError(f"{quantized_dir}/quantize.json: no int8 variant passed its gates, nothing to bundle")
-    coreml = read_json(coreml_dir / "coreml.json")
+    coreml = shipped_coreml(read_json(coreml_dir / "coreml.json"), cfg, coreml_dir)
     questions = gate_questions(data_dir, model_dir, cfg.export.gates.dev_questions)
     examples, gold = questions.examples, questions.gold
     pytorch_predictions, pytorch_f1 = questions.pytorch_predictions, questions.pytorch_f1
@@ -220,6 +232,9 @@ def run(cfg: PipelineConfig, quantized_dir: Path, coreml_dir: Path, model_dir: P
             "ort_size_mb": megabytes(directory_size_bytes(ort_path)),
             "coreml_size_mb": {variant: megabytes(directory_size_bytes(tmp / "coreml" / package["path"]))
                                for variant, package in coreml["packages"].items()},
+            "rejected_by_gates": {"onnx_int8": quantized.get("rejected", []),
+                                  "coreml": sorted(set(read_json(coreml_dir / "coreml.json")["packages"])
+                                                   - set(coreml["packages"]))},
             "n_questions": len(examples),
             "exact_match": onnx_report["exact_match"],
             "f1": onnx_report["f1"],

@@ -27,13 +27,14 @@ from pipeline.artifacts import verify_input_dirs
 from pipeline.config import PipelineConfig, config_from_json
 from pipeline.export.coreml import (MASKED_SCORE, check_lengths, check_package, compress, convert, load_wrapped,
                                     proxy_predictions, read_package, weight_matrix_count)
-from pipeline.gates import compressed_model_report, gate_questions, raise_for_failures
+from pipeline.gates import compressed_model_report, enforce_if_strict, gate_questions
 
 logger = logging.getLogger(__name__)
 
 
 def run(cfg: PipelineConfig, model_dir: Path, data_dir: Path | None, out_dir: Path) -> dict:
-    """Convert every configured variant; with data_dir, score each proxy on dev and enforce the gates."""
+    """Convert every configured variant; with data_dir, score each proxy on dev and record its gate verdicts (a
+    rejected package is left out of the bundle)."""
     verify_input_dirs(model_dir, data_dir)
     from transformers import AutoTokenizer
 
@@ -72,9 +73,11 @@ def run(cfg: PipelineConfig, model_dir: Path, data_dir: Path | None, out_dir: Pa
             "sequence_lengths": sorted(ccfg.sequence_lengths),
             "masked_score": MASKED_SCORE,
             "packages": packages,
+            "rejected": sorted(variant for variant, package in packages.items()
+                               if package.get("dev", {}).get("passed") is False),
         }
         atomic_write_json(tmp / "coreml.json", metrics)
-        raise_for_failures(reports, str(out_dir))
+        enforce_if_strict(reports, str(out_dir), gates.strict)
     logger.info("export_coreml %s: %s", model_dir, json.dumps(metrics))
     return metrics
 

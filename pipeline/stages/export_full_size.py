@@ -26,7 +26,7 @@ from pipeline.export import int8
 from pipeline.export.full_size import (ARCHITECTURES, PARITY_WINDOWS, export_coreml_packages, random_windows,
                                        save_full_size, torch_logits)
 from pipeline.export.onnx_graph import MODEL_FILE, check_fusions, export_fp32, max_logit_difference, optimize_graph
-from pipeline.gates import logit_parity_report, raise_for_failures
+from pipeline.gates import enforce_if_strict, logit_parity_report
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ def run(cfg: PipelineConfig, architecture: str, out_dir: Path) -> dict:
                                 cfg.export.gates.max_abs_logit_diff, PARITY_WINDOWS)
             for variant in ("fp32", "optimized")
         ]
-        raise_for_failures(parity, str(out_dir))
+        enforce_if_strict(parity, str(out_dir), cfg.export.gates.strict)
 
         qcfg = cfg.export.quantize
         int4_block_size = qcfg.int4_block_size if with_device_formats else None

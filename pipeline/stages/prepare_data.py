@@ -3,7 +3,9 @@
 Outputs (in --out-dir): train.jsonl and dev.jsonl (datasets squad columns), dev.json (SQuAD v1.1 layout, for
 `python -m pipeline evaluate-predictions`), corpus.txt (one document per line) when the corpus is generated here
 ('synthetic' or 'squad_contexts'; tokenize_corpus reads other corpora where they are), metrics.json (counts).
-With `data.squad: synthetic` the offline world is generated first (synthetic/).
+With `data.squad: synthetic` the offline world is generated first (synthetic/). A deploy (deploy.model set)
+trains nothing: it writes the dev set only (data.squad_dev, or data.squad's dev split), with no training
+questions and no corpus.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pipeline import synthetic
 from pipeline.artifacts import atomic_output_dir, atomic_write_json, setup_logging
 from pipeline.config import ConfigError, PipelineConfig, config_from_json
 from pipeline.corpus import GENERATED_CORPUS_FILE, corpus_source, iter_documents
-from pipeline.data import DataError, load_squad, looks_like_a_path
+from pipeline.data import DataError, deploy_dev_source, load_squad, looks_like_a_path
 
 logger = logging.getLogger(__name__)
 
@@ -94,17 +96,13 @@ def to_squad_v1_json(dataset: datasets.Dataset) -> dict:
 
 
 def run(cfg: PipelineConfig, out_dir: Path) -> dict:
+    if cfg.deploy.model is not None:
+        return run_for_deploy(cfg, out_dir)
     with atomic_output_dir(out_dir, cfg) as tmp:
         synthetic_dir = tmp / "synthetic"
         world_stats = {}
         if cfg.data.squad == "synthetic":
-            spec = synthetic.SyntheticWorldSpec(
-                seed=cfg.data.synthetic.seed,
-                n_train_contexts=cfg.data.synthetic.n_train_contexts,
-                n_dev_contexts=cfg.data.synthetic.n_dev_contexts,
-                n_corpus_paragraphs=cfg.data.synthetic.n_corpus_paragraphs,
-            )
-            world_stats = synthetic.write_world(spec, synthetic_dir)
+            world_stats = synthetic.write_world(world_spec(cfg), synthetic_dir)
         train_source, dev_source = squad_sources(cfg, synthetic_dir)
         train, train_report = load_squad(train_source, split=cfg.data.train_split, on_bad_example=cfg.data.on_bad_example)
         dev, dev_report = load_squad(dev_source, split=cfg.data.dev_split, on_bad_example=cfg.data.on_bad_example)
@@ -131,6 +129,44 @@ def run(cfg: PipelineConfig, out_dir: Path) -> dict:
         atomic_write_json(tmp / "metrics.json", metrics)
     logger.info("prepare_data: %s", json.dumps(metrics))
     return metrics
+
+
+def run_for_deploy(cfg: PipelineConfig, out_dir: Path) -> dict:
+    """A deploy trains nothing: only the dev set it is gated and scored on (deploy_dev_source), no training
+    questions, no MLM corpus."""
+    (key, configured), = deploy_dev_source(cfg).items()
+    source = configured
+    with atomic_output_dir(out_dir, cfg) as tmp:
+        world_stats = {}
+        if source == "synthetic":
+            world_stats = synthetic.write_world(world_spec(cfg), tmp / "synthetic")
+            source = str(tmp / "synthetic" / "dev.json")
+        try:
+            dev, dev_report = load_squad(source, split=cfg.data.dev_split, on_bad_example=cfg.data.on_bad_example)
+        except DataError as error:
+            raise DataError(f"{key}: {error}") from None
+        if cfg.data.max_dev_examples:
+            dev = dev.select(range(min(cfg.data.max_dev_examples, len(dev))))
+        write_jsonl(dev, tmp / "dev.jsonl")
+        (tmp / "dev.json").write_text(json.dumps(to_squad_v1_json(dev), ensure_ascii=False))
+        metrics = {
+            "squad_source": configured, "dev_source_key": key, "deploy": True,
+            "n_train_examples": 0, "n_dev_examples": len(dev),
+            "n_dev_unanswerable_excluded": dev_report.n_unanswerable_excluded, "n_dev_skipped": dev_report.n_skipped,
+            "corpus_source": None, "n_corpus_documents_generated": 0, "synthetic_world": world_stats,
+        }
+        atomic_write_json(tmp / "metrics.json", metrics)
+    logger.info("prepare_data (deploy: the dev set only): %s", json.dumps(metrics))
+    return metrics
+
+
+def world_spec(cfg: PipelineConfig) -> synthetic.SyntheticWorldSpec:
+    return synthetic.SyntheticWorldSpec(
+        seed=cfg.data.synthetic.seed,
+        n_train_contexts=cfg.data.synthetic.n_train_contexts,
+        n_dev_contexts=cfg.data.synthetic.n_dev_contexts,
+        n_corpus_paragraphs=cfg.data.synthetic.n_corpus_paragraphs,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

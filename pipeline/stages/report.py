@@ -94,7 +94,77 @@ def summary(cfg: PipelineConfig, root: Path, benchmark: dict) -> dict:
         },
         "ratios": ratios,
         "peers": peer_comparison(benchmark, cfg),
+        "gates": gate_verdicts(root, cfg),
+        "skipped_timings": benchmark.get("skipped_timings", []),
     }
+
+
+def gate_verdicts(root: Path, cfg: PipelineConfig) -> list[dict]:
+    """Every export variant's gate verdicts (value, 95 % interval, threshold, passed), read from export.json,
+    quantize.json and coreml.json, and whether the bundle ships it."""
+    shipped_model = bundled_model(cfg)
+    rows = []
+    for model in exported_models(cfg):
+        export = read_json(root / "onnx" / model / "export.json")
+        for graph in ("fp32", "optimized"):
+            rows.append({"model": model, "variant": f"onnx-{graph}", "gates": export[graph].get("gates", {}),
+                         "passed": export[graph].get("passed", True), "shipped": False})
+        quantized = read_json(root / "quantized" / model / "quantize.json")
+        for name, variant in quantized["variants"].items():
+            rows.append({"model": model, "variant": f"onnx-{name}", "gates": variant["gates"],
+                         "passed": variant["passed"],
+                         "shipped": model == shipped_model and name == quantized["bundle_choice"]})
+        coreml = read_json(root / "coreml" / model / "coreml.json")
+        for name, package in coreml["packages"].items():
+            dev = package.get("dev") or {}
+            rows.append({"model": model, "variant": f"coreml-{name}", "gates": dev.get("gates", {}),
+                         "passed": dev.get("passed", True),
+                         "shipped": model == shipped_model and dev.get("passed") is not False})
+    return rows
+
+
+def gate_cell(gate: dict | None) -> str:
+    if not gate:
+        return ""
+    value = gate["value"]
+    text = f"{value:.4g}" if isinstance(value, float) else str(value)
+    if "interval" in gate:
+        text += f" [{gate['interval'][0]:.4g}, {gate['interval'][1]:.4g}]"
+    bound = gate.get("minimum", gate.get("maximum"))
+    sign = ">=" if "minimum" in gate else "<="
+    if bound is None:
+        return text + " (recorded, not a gate)"
+    mark = "" if gate["passed"] else " **missed**"
+    noise = " (within noise)" if gate.get("within_noise") else ""
+    return f"{text} {sign} {bound:g}{mark}{noise}"
+
+
+def gate_section(rows: list[dict], cfg: PipelineConfig) -> list[str]:
+    """One row per export variant: each gate's value, its 95 % interval and threshold, and the verdict."""
+    gates = cfg.export.gates
+    lines = ["## Gates: what ships", "",
+             f"Every export variant against its PyTorch model on {gates.dev_questions or 'all'} dev questions "
+             "(export.gates). value [95 % interval] threshold: answer agreement by its Wilson interval, F1 drop by "
+             "a paired bootstrap over questions; a gate is missed only when the whole interval is past the "
+             "threshold. A rejected variant is left out of the bundle and of the full-size int8 search"
+             + (" (export.gates.strict: a miss stops the run)." if gates.strict else "."), "",
+             "| model | variant | answer agreement | F1 drop | logit parity / answerer | verdict |",
+             "|---|---|---|---|---|---|"]
+    for row in rows:
+        found = row["gates"]
+        parity = "; ".join(filter(None, (gate_cell(found.get("max_abs_logit_diff")),
+                                         gate_cell(found.get("torch_free_answer_agreement")))))
+        verdict = ("**rejected**" if row["passed"] is False else "passed") + (", **shipped**" if row["shipped"] else "")
+        lines.append(f"| {row['model']} | {row['variant']} | {gate_cell(found.get('answer_agreement'))} | "
+                     f"{gate_cell(found.get('f1_drop'))} | {parity} | {verdict} |")
+    return lines + [""]
+
+
+def skipped_note(skipped: list[dict]) -> list[str]:
+    if not skipped:
+        return []
+    return ["", "Not timed on this machine: " + "; ".join(f"{item['what']} ({item['reason']})" for item in skipped)
+            + "."]
 
 
 def verdict(peer: dict, ours: dict) -> str:
@@ -481,6 +551,7 @@ def report_markdown(cfg: PipelineConfig, summary_data: dict, benchmark: dict, go
         "the length, or it cannot be timed here (CoreML runs only on macOS; some full-size artifacts are sized only, "
         "see benchmark.timed_full_size).",
         *javascript_note(summary_data, cfg),
+        *skipped_note(summary_data["skipped_timings"]),
         "",
         "## Models",
         "",
@@ -497,6 +568,7 @@ def report_markdown(cfg: PipelineConfig, summary_data: dict, benchmark: dict, go
                  "PyTorch models score as in each export's export.json." if cfg.export.gates.dev_questions else ""),
               "",
               "![F1 vs size](f1_vs_size.png)", "", "![F1 vs latency](f1_vs_latency.png)", ""]
+    lines += gate_section(summary_data["gates"], cfg)
     if summary_data["full_size"]:
         lines += ["## Full-size architectures (random weights: sizes and speed only)", "",
                   artifact_table(summary_data["full_size"], cfg), "",
@@ -542,7 +614,8 @@ def with_web_timings(benchmark: dict, web_benchmark_path: Path | None) -> dict:
     web = read_json(web_benchmark_path)
     extra = [{**{key: None for key in SUMMARY_FIELDS}, **{k: v for k, v in item.items() if k in SUMMARY_FIELDS}}
              for item in web["artifacts"]]
-    return {**benchmark, "artifacts": benchmark["artifacts"] + extra}
+    return {**benchmark, "artifacts": benchmark["artifacts"] + extra,
+            "skipped_timings": benchmark.get("skipped_timings", []) + web.get("skipped", [])}
 
 
 def run(cfg: PipelineConfig, root: Path, benchmark_path: Path, out_dir: Path,

@@ -23,11 +23,11 @@ import argparse
 import copy
 import json
 import logging
-import math
 from pathlib import Path
 
 import numpy as np
 
+from pipeline.statistics import bootstrap_standard_error, per_question_f1, t_interval
 from pipeline.artifacts import atomic_write_json, atomic_write_text, read_json, setup_logging
 from pipeline.config import PipelineConfig, config_from_json
 
@@ -63,36 +63,6 @@ def run_config(full: dict, run: str, seed: int) -> dict:
     return config
 
 
-# ---------------------------------------------------------------------------------------------- statistics
-
-
-def interval(values: list[float], confidence: float) -> dict:
-    """Mean, sample standard deviation and the t interval of the mean."""
-    from scipy import stats
-
-    array = np.asarray(values, dtype=float)
-    n = len(array)
-    mean = float(array.mean())
-    std = float(array.std(ddof=1)) if n > 1 else 0.0
-    half_width = float(stats.t.ppf((1 + confidence) / 2, n - 1) * std / math.sqrt(n)) if n > 1 else math.inf
-    return {"n": n, "mean": round(mean, 3), "std": round(std, 3), "low": round(mean - half_width, 3),
-            "high": round(mean + half_width, 3)}
-
-
-def per_question_f1(predictions: dict[str, str], gold: dict[str, list[str]]) -> np.ndarray:
-    from pipeline import squad
-
-    return np.array([max(squad.f1_score(predictions.get(question_id, ""), answer) for answer in answers)
-                     for question_id, answers in gold.items()]) * 100
-
-
-def bootstrap_standard_error(scores: np.ndarray, samples: int, seed: int = 0) -> float:
-    """Standard deviation of the mean score over resamples of the questions (with replacement)."""
-    rng = np.random.default_rng(seed)
-    means = [scores[rng.integers(0, len(scores), len(scores))].mean() for _ in range(samples)]
-    return round(float(np.std(means)), 3)
-
-
 # -------------------------------------------------------------------------------------------------- run
 
 
@@ -113,15 +83,15 @@ def summarize(cfg: PipelineConfig, runs_dir: Path, gold: dict[str, list[str]], t
                                                     scfg.bootstrap_samples, seed) for seed in scfg.seeds]
         entry = {
             "f1_by_seed": dict(zip(map(str, scfg.seeds), f1)),
-            "exact_match": interval([by_seed[seed]["exact_match"] for seed in scfg.seeds], scfg.confidence),
-            "f1": interval(f1, scfg.confidence),
+            "exact_match": t_interval([by_seed[seed]["exact_match"] for seed in scfg.seeds], scfg.confidence),
+            "f1": t_interval(f1, scfg.confidence),
             "f1_bootstrap_standard_error_by_seed": dict(zip(map(str, scfg.seeds), standard_errors)),
             "train_seconds_mean": round(float(np.mean([by_seed[s]["train_seconds"] or 0 for s in scfg.seeds])), 1),
             "f1_relative_to_teacher": None if not teacher_f1 else round(float(np.mean(f1)) / teacher_f1, 4),
         }
         if variant != BASELINE:
             differences = [by_seed[seed]["f1"] - runs[BASELINE][seed]["f1"] for seed in scfg.seeds]
-            paired = interval(differences, scfg.confidence)
+            paired = t_interval(differences, scfg.confidence)
             entry["f1_minus_ce_only"] = {**paired, "significant": paired["low"] > 0 or paired["high"] < 0}
         variants[variant] = entry
     return {
