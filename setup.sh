@@ -12,5 +12,18 @@ command -v "$PYTHON" >/dev/null || PYTHON=python3
 # The JavaScript client (clients/web): its npm packages at the locked versions, where Node.js is installed.
 if command -v npm >/dev/null; then
     (cd clients/web && ONNXRUNTIME_NODE_INSTALL=skip npm ci --no-audit --no-fund --loglevel=error)
+else
+    echo "set-up: no npm here: the JavaScript timings (benchmark.javascript: auto) will be skipped; install Node.js 20 to have them"
+fi
+# Chromium for the browser timings (benchmark.browser: auto) and the demo page's test: Debian's package, installed
+# only where we are root and apt-get exists (never a browser download); elsewhere the run skips those timings.
+if [ ! -x "${CHROMIUM_PATH:-/usr/bin/chromium}" ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "set-up: installing Chromium with apt-get (for the browser timings and the demo page's test)"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null \
+            || echo "set-up: apt-get could not install Chromium: the browser timings will be skipped"
+    else
+        echo "set-up: no Chromium at ${CHROMIUM_PATH:-/usr/bin/chromium} and no root apt-get to install it: the browser timings will be skipped (apt-get install chromium, or set CHROMIUM_PATH)"
+    fi
 fi
 .venv/bin/python -c "import torch, transformers, snakemake; print('set-up done: torch', torch.__version__, '| transformers', transformers.__version__)"
