@@ -1,0 +1,264 @@
+"""The published figures, generated from committed result files: every number of README.md's headline table and
+of docs/results.md's tables of reference runs comes from `results/<run>/`, never from typing.
+
+  python -m pipeline collect-run --root artifacts --name xeon-native --simd native --wall-seconds 812 --exit-code 0
+      copies what a finished default run measured into results/<name>/ (summary.json, each stage's metrics.json,
+      each rule's time) with run.json: the CPU, the SIMD setting, the wall time and the exit code.
+  python -m pipeline render-results [--check]
+      rewrites the generated blocks of README.md and docs/results.md from results/*/ (--check: exit 1 when a block
+      differs from what the result files give, which a test runs so a figure never drifts from its file).
+
+A generated block sits between `<!-- results:NAME -->` and `<!-- /results:NAME -->`; everything outside stays
+hand-written prose, which must not restate a figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+
+from pipeline.artifacts import atomic_write_json, atomic_write_text, cpu_description, read_json
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+RESULTS_DIR = PROJECT_ROOT / "results"
+TARGET_SIZE_MB = 207  # DistilBERT on an iPhone 7 Plus (Sanh et al. 2019)
+# Stage folders whose metrics.json a reference run keeps (the predictions and models stay behind: too big).
+STAGE_METRICS = {"prepare_data": "data", "teacher_pretrain": "teacher_pretrain", "teacher_finetune": "teacher",
+                 "distill_pretrain": "distill_pretrain/main", "distill_squad": "distill_squad",
+                 "student_finetune": "student_finetune", "bundle": "bundle"}
+# The SIMD each library may use, named as the run names it (native: none narrowed).
+SIMD_VARIABLES = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+
+
+# ----------------------------------------------------------------------------------------------------- collect
+
+
+def rule_seconds(root: Path) -> dict[str, float]:
+    """Each job's own wall time from Snakemake's benchmark files (benchmarks/<job>.tsv, column s)."""
+    seconds = {}
+    for path in sorted((root / "benchmarks").rglob("*.tsv")):
+        with path.open() as handle:
+            rows = list(csv.DictReader(handle, delimiter="\t"))
+        if rows:
+            seconds[path.relative_to(root / "benchmarks").with_suffix("").as_posix()] = round(float(rows[0]["s"]), 1)
+    return seconds
+
+
+def collect_run(root: Path, name: str, simd: str, wall_seconds: float, exit_code: int, command: str,
+                results_dir: Path = RESULTS_DIR, note: str = "") -> Path:
+    """results/<name>/: run.json, summary.json (if the run got that far) and each stage's metrics.json."""
+    import subprocess
+
+    target = results_dir / name
+    if target.exists():
+        shutil.rmtree(target)
+    (target / "stages").mkdir(parents=True)
+    for stage, folder in STAGE_METRICS.items():
+        if (root / folder / "metrics.json").is_file():
+            shutil.copy(root / folder / "metrics.json", target / "stages" / f"{stage}.json")
+    if (root / "report" / "summary.json").is_file():
+        shutil.copy(root / "report" / "summary.json", target / "summary.json")
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True).stdout.strip()
+    cpu = cpu_description()
+    atomic_write_json(target / "run.json", {
+        "name": name, "cpu": cpu["model_name"], "simd_flags": cpu["simd_flags"], "simd": simd,
+        "command": command, "commit": commit, "wall_seconds": round(wall_seconds, 1), "exit_code": exit_code,
+        "rule_seconds": rule_seconds(root), "note": note,
+    })
+    return target
+
+
+# ----------------------------------------------------------------------------------------------------- render
+
+
+def read_runs(results_dir: Path = RESULTS_DIR) -> list[dict]:
+    """Every committed run: run.json with its summary and stage metrics, in name order."""
+    runs = []
+    for folder in sorted(path for path in results_dir.iterdir() if (path / "run.json").is_file()):
+        run = read_json(folder / "run.json")
+        run["summary"] = read_json(folder / "summary.json") if (folder / "summary.json").is_file() else None
+        run["stages"] = {path.stem: read_json(path) for path in sorted((folder / "stages").glob("*.json"))}
+        runs.append(run)
+    return runs
+
+
+def minutes(seconds: float | None) -> str:
+    if seconds is None:
+        return "n/a"
+    return f"{int(seconds // 60)}:{int(round(seconds % 60)):02d}"
+
+
+def number(value, digits: int = 2) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def artifact(summary: dict, name: str) -> dict:
+    return next((item for item in summary["artifacts"] + summary["full_size"] if item["name"] == name), {})
+
+
+def p50(item: dict, length: int, threads: int = 1) -> float | None:
+    cell = ((item.get("latency_ms") or {}).get(f"seq{length}") or {}).get(f"threads{threads}")
+    return cell["p50"] if cell else None
+
+
+def cpu_label(run: dict) -> str:
+    flags = set(run["simd_flags"])
+    isa = "AVX-512 VNNI" if "avx512_vnni" in flags else "AVX-512" if "avx512f" in flags else "AVX2"
+    return f"\"{run['cpu']}\" ({isa})"
+
+
+def simd_label(run: dict) -> str:
+    return "the CPU's own" if run["simd"] == "native" else run["simd"]
+
+
+def shipped_gates(summary: dict) -> tuple[int, int]:
+    """(passed, total) gate verdicts of the variants the bundle ships."""
+    rows = [row for row in summary.get("gates", []) if row["shipped"]]
+    return sum(row["passed"] for row in rows), len(rows)
+
+
+def runs_table(runs: list[dict]) -> str:
+    """docs/results.md: one column per reference run, one row per measured figure."""
+    header = "| | " + " | ".join(f"{cpu_label(run)}, SIMD: {simd_label(run)}" for run in runs) + " |"
+    lines = [header, "|---|" + "---|" * len(runs)]
+
+    def row(label: str, cells: list[str]) -> None:
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+
+    row("exit code", [str(run["exit_code"]) for run in runs])
+    row("wall clock (snakemake --cores 2)", [minutes(run["wall_seconds"]) for run in runs])
+    row("prepare_data: train / dev questions", [
+        f"{run['stages']['prepare_data']['n_train_examples']:,} / {run['stages']['prepare_data']['n_dev_examples']:,}"
+        if "prepare_data" in run["stages"] else "n/a" for run in runs])
+    row("teacher_pretrain: held-out masked-token accuracy", [
+        percent(run["stages"].get("teacher_pretrain", {}).get("heldout_mlm_accuracy")) for run in runs])
+    row("teacher_finetune: dev EM / F1", [em_f1(run["stages"].get("teacher_finetune")) for run in runs])
+    row("distill_pretrain: student / teacher MLM accuracy", [
+        f"{percent(s.get('student_mlm_accuracy'))} / {percent(s.get('teacher_mlm_accuracy'))}"
+        for s in (run["stages"].get("distill_pretrain", {}) for run in runs)])
+    row("distill_squad (distilled student): dev EM / F1", [em_f1(run["stages"].get("distill_squad")) for run in runs])
+    row("distilled student / teacher F1", [percent(run["stages"].get("distill_squad", {}).get("f1_relative_to_teacher"))
+                                           for run in runs])
+    row("student_finetune (CE-only): dev EM / F1", [em_f1(run["stages"].get("student_finetune")) for run in runs])
+    row("bundle: int8 variant, dev F1 (its PyTorch F1)", [
+        f"{b['onnx_variant']}, {b['f1']:.2f} ({b['pytorch_f1']:.2f})" if (b := run["stages"].get("bundle")) else "n/a"
+        for run in runs])
+    row("gates of the shipped variants passed", [
+        "{} of {}".format(*shipped_gates(run["summary"])) if run["summary"] else "n/a" for run in runs])
+    row("variants rejected by the gates", [
+        ", ".join(f"{r['model']}/{r['variant']}" for r in run["summary"]["gates"] if not r["passed"]) or "none"
+        if run["summary"] else "n/a" for run in runs])
+    for name, label in (("distilbert/onnx-int8-optimized", "full-size DistilBERT int8 (searched), seq 384, 1 thread, ms"),
+                        ("distilbert/pytorch-fp32", "full-size DistilBERT PyTorch fp32, seq 384, 1 thread, ms"),
+                        ("bert-base/pytorch-fp32", "full-size BERT-base PyTorch fp32, seq 384, 1 thread, ms")):
+        row(label, [number(p50(artifact(run["summary"], name), 384), 1) if run["summary"] else "n/a" for run in runs])
+    row("commit", [f"`{run['commit'][:10]}`" for run in runs])
+    return "\n".join(lines)
+
+
+def percent(value) -> str:
+    return "n/a" if value is None else f"{value:.1%}"
+
+
+def em_f1(metrics: dict | None) -> str:
+    return "n/a" if not metrics else f"{metrics['exact_match']:.2f} / {metrics['f1']:.2f}"
+
+
+def headline(run: dict) -> str:
+    """README.md: the headline table of one reference run."""
+    summary, stages = run["summary"], run["stages"]
+    teacher, student, ce_only = stages["teacher_finetune"], stages["distill_squad"], stages["student_finetune"]
+    int8 = artifact(summary, "distilbert/onnx-int8-optimized")
+    coreml = artifact(summary, "distilbert/coreml-4bit")
+    bert_ms, distil_ms = p50(artifact(summary, "bert-base/pytorch-fp32"), 384), p50(artifact(summary, "distilbert/pytorch-fp32"), 384)
+    lines = [
+        f"The default run on 2 cores of an {cpu_label(run)} CPU, SIMD: {simd_label(run)}, no GPU (`results/{run['name']}/`); "
+        "latency is p50, batch 1, sequence length 384, 1 thread; full-size models have random weights (sizes and "
+        "latency only).",
+        "",
+        "| measure | result |",
+        "|---|---|",
+        f"| teacher ({summary['models']['teacher']['params']:,} parameters), dev F1 | {teacher['f1']:.2f} |",
+        f"| distilled student ({summary['models']['student']['params']:,} parameters), dev F1 | "
+        f"{student['f1']:.2f} = {student['f1'] / teacher['f1']:.1%} of the teacher |",
+        f"| CE-only student (same budget and seed), dev F1 | {ce_only['f1']:.2f} |",
+    ]
+    if int8:
+        lines.append(f"| full-size DistilBERT, int8 ONNX ({int8.get('recipe')}) | {int8['size_mb']:.1f} MB, "
+                     f"{number(p50(int8, 384), 1)} ms |")
+    if coreml:
+        lines.append(f"| full-size DistilBERT, CoreML 4-bit | {coreml['size_mb']:.1f} MB, "
+                     f"{TARGET_SIZE_MB / coreml['size_mb']:.1f}x below the paper's {TARGET_SIZE_MB} MB (iPhone 7 Plus) |")
+    if bert_ms and distil_ms:
+        lines.append(f"| full-size BERT-base / DistilBERT, PyTorch fp32 | {bert_ms:.1f} / {distil_ms:.1f} ms "
+                     f"({bert_ms / distil_ms:.1f}x) |")
+    for peer in summary.get("peers", []):
+        cell = ((peer["latency"].get("seq384") or {}).get("threads1")) or {}
+        if cell:
+            lines.append(f"| {peer['name']} ({peer['tool']}), peer p50 / ours | {cell['ratio']:.2f}x ({cell['verdict']}) |")
+    passed, total = shipped_gates(summary)
+    lines.append(f"| gates of the shipped variants passed | {passed} of {total} |")
+    lines.append(f"| whole default DAG, wall clock | {minutes(run['wall_seconds'])} (exit code {run['exit_code']}) |")
+    return "\n".join(lines)
+
+
+def blocks(runs: list[dict]) -> dict[str, str]:
+    """Generated block name -> its text."""
+    finished = [run for run in runs if run["summary"]]
+    text = {"runs": runs_table(runs) if runs else "No reference run is committed."}
+    headline_run = next((run for run in finished if run["simd"] == "native"), finished[0] if finished else None)
+    text["headline"] = headline(headline_run) if headline_run else "No reference run is committed."
+    return text
+
+
+def replace_blocks(document: str, generated: dict[str, str]) -> str:
+    for name, text in generated.items():
+        pattern = re.compile(rf"(<!-- results:{name} -->\n)(?:.*?\n)?(<!-- /results:{name} -->)", flags=re.S)
+        document = pattern.sub(lambda match: match.group(1) + text + "\n" + match.group(2), document)
+    return document
+
+
+def render(check: bool = False, project_root: Path = PROJECT_ROOT, results_dir: Path = RESULTS_DIR) -> list[str]:
+    """Rewrite (or with `check`, compare) the generated blocks; returns the files that differ(ed)."""
+    generated = blocks(read_runs(results_dir))
+    changed = []
+    for path in (project_root / "README.md", project_root / "docs" / "results.md"):
+        before = path.read_text()
+        after = replace_blocks(before, generated)
+        if after != before:
+            changed.append(str(path))
+            if not check:
+                atomic_write_text(path, after)
+    return changed
+
+
+def collect_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline collect-run", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--root", type=Path, required=True, help="the run's output root (artifacts/)")
+    parser.add_argument("--name", required=True, help="results/<name>/")
+    parser.add_argument("--simd", default="native", help="native, or the variables that narrowed the SIMD")
+    parser.add_argument("--wall-seconds", type=float, required=True)
+    parser.add_argument("--exit-code", type=int, required=True)
+    parser.add_argument("--command", default="snakemake --cores 2")
+    parser.add_argument("--note", default="")
+    args = parser.parse_args(argv)
+    print(collect_run(args.root, args.name, args.simd, args.wall_seconds, args.exit_code, args.command,
+                      note=args.note))
+    return 0
+
+
+def render_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline render-results", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="only compare; exit 1 when a block is out of date")
+    args = parser.parse_args(argv)
+    changed = render(check=args.check)
+    for path in changed:
+        print(f"{path}: {'out of date with results/' if args.check else 'rewritten'}", file=sys.stderr)
+    return 1 if args.check and changed else 0

@@ -1,0 +1,60 @@
+"""The published figures come from committed result files (pipeline/results_tables.py)."""
+
+import json
+
+from pipeline import results_tables
+from tests.conftest import PROJECT_ROOT
+
+
+def test_the_readme_and_results_tables_are_what_the_committed_result_files_give():
+    assert results_tables.render(check=True) == [], "run `python -m pipeline render-results` and commit"
+
+
+def fake_run_root(root, teacher_f1=93.0, student_f1=93.5):
+    """An output root with the files collect-run reads, as a finished default run writes them."""
+    metrics = {"data": {"n_train_examples": 100, "n_dev_examples": 20},
+               "teacher_pretrain": {"heldout_mlm_accuracy": 0.495},
+               "teacher": {"exact_match": 92.4, "f1": teacher_f1},
+               "distill_pretrain/main": {"student_mlm_accuracy": 0.5, "teacher_mlm_accuracy": 0.541},
+               "distill_squad": {"exact_match": 92.0, "f1": student_f1, "f1_relative_to_teacher": student_f1 / teacher_f1},
+               "student_finetune": {"exact_match": 91.5, "f1": 92.2},
+               "bundle": {"onnx_variant": "int8", "f1": 93.4, "pytorch_f1": 93.5}}
+    for folder, values in metrics.items():
+        (root / folder).mkdir(parents=True)
+        (root / folder / "metrics.json").write_text(json.dumps(values))
+    latency = {"seq384": {"threads1": {"p50": 112.0, "p90": 115.0}}}
+    summary = {"models": {"teacher": {"params": 1000}, "student": {"params": 500}},
+               "artifacts": [], "peers": [],
+               "full_size": [{"name": "distilbert/onnx-int8-optimized", "size_mb": 66.5, "recipe": "int8",
+                              "latency_ms": latency},
+                             {"name": "distilbert/coreml-4bit", "size_mb": 33.2, "latency_ms": None}],
+               "gates": [{"model": "student", "variant": "onnx-int8", "passed": True, "shipped": True, "gates": {}},
+                         {"model": "student_ce_only", "variant": "coreml-4bit", "passed": False, "shipped": False,
+                          "gates": {}}]}
+    (root / "report").mkdir()
+    (root / "report" / "summary.json").write_text(json.dumps(summary))
+    (root / "benchmarks").mkdir()
+    (root / "benchmarks" / "teacher_pretrain.tsv").write_text("s\th:m:s\n94.2\t0:01:34\n")
+
+
+def test_a_collected_run_renders_every_figure_from_its_files(tmp_path):
+    fake_run_root(tmp_path / "artifacts")
+    results = tmp_path / "results"
+    results_tables.collect_run(tmp_path / "artifacts", "xeon-native", "native", 812.0, 0, "snakemake --cores 2",
+                               results_dir=results)
+    run = json.loads((results / "xeon-native" / "run.json").read_text())
+    assert run["rule_seconds"] == {"teacher_pretrain": 94.2} and run["exit_code"] == 0
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text("intro\n<!-- results:headline -->\nold 112.2 ms\n<!-- /results:headline -->\nend\n")
+    (tmp_path / "docs" / "results.md").write_text("<!-- results:runs -->\n<!-- /results:runs -->\n")
+    assert results_tables.render(project_root=tmp_path, results_dir=results) == [str(tmp_path / "README.md"),
+                                                                                   str(tmp_path / "docs" / "results.md")]
+    readme = (tmp_path / "README.md").read_text()
+    assert readme.startswith("intro\n<!-- results:headline -->\nThe default run") and readme.endswith("-->\nend\n")
+    assert "old 112.2" not in readme and "| 93.50 = 100.5 % of the teacher |".replace(" %", "%") in readme
+    assert "66.5 MB, 112.0 ms" in readme and "6.2x below the paper's 207 MB" in readme and "| 13:32 (exit code 0) |" in readme
+    runs = (tmp_path / "docs" / "results.md").read_text()
+    assert "| teacher_finetune: dev EM / F1 | 92.40 / 93.00 |" in runs
+    assert "| variants rejected by the gates | student_ce_only/coreml-4bit |" in runs
+    assert "| gates of the shipped variants passed | 1 of 1 |" in runs
+    assert results_tables.render(check=True, project_root=tmp_path, results_dir=results) == []
