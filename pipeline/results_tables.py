@@ -63,7 +63,9 @@ def collect_run(root: Path, name: str, simd: str, wall_seconds: float, exit_code
             shutil.copy(root / folder / "metrics.json", target / "stages" / f"{stage}.json")
     if (root / "report" / "summary.json").is_file():
         shutil.copy(root / "report" / "summary.json", target / "summary.json")
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True).stdout.strip()
+    # The commit of the checkout the run was made in (the output root sits in it), else of this one.
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root if root.is_dir() else PROJECT_ROOT,
+                            capture_output=True, text=True).stdout.strip()
     cpu = cpu_description()
     atomic_write_json(target / "run.json", {
         "name": name, "cpu": cpu["model_name"], "simd_flags": cpu["simd_flags"], "simd": simd,
@@ -148,7 +150,7 @@ def runs_table(runs: list[dict]) -> str:
     row("bundle: int8 variant, dev F1 (its PyTorch F1)", [
         f"{b['onnx_variant']}, {b['f1']:.2f} ({b['pytorch_f1']:.2f})" if (b := run["stages"].get("bundle")) else "n/a"
         for run in runs])
-    row("gates of the shipped variants passed", [
+    row("shipped variants that passed every gate", [
         "{} of {}".format(*shipped_gates(run["summary"])) if run["summary"] else "n/a" for run in runs])
     row("variants rejected by the gates", [
         ", ".join(f"{r['model']}/{r['variant']}" for r in run["summary"]["gates"] if not r["passed"]) or "none"
@@ -202,7 +204,7 @@ def headline(run: dict) -> str:
         if cell:
             lines.append(f"| {peer['name']} ({peer['tool']}), peer p50 / ours | {cell['ratio']:.2f}x ({cell['verdict']}) |")
     passed, total = shipped_gates(summary)
-    lines.append(f"| gates of the shipped variants passed | {passed} of {total} |")
+    lines.append(f"| shipped variants (int8 ONNX, CoreML packages) that passed every gate | {passed} of {total} |")
     lines.append(f"| whole default DAG, wall clock | {minutes(run['wall_seconds'])} (exit code {run['exit_code']}) |")
     return "\n".join(lines)
 

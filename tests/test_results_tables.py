@@ -56,5 +56,5 @@ def test_a_collected_run_renders_every_figure_from_its_files(tmp_path):
     runs = (tmp_path / "docs" / "results.md").read_text()
     assert "| teacher_finetune: dev EM / F1 | 92.40 / 93.00 |" in runs
     assert "| variants rejected by the gates | student_ce_only/coreml-4bit |" in runs
-    assert "| gates of the shipped variants passed | 1 of 1 |" in runs
+    assert "| shipped variants that passed every gate | 1 of 1 |" in runs
     assert results_tables.render(check=True, project_root=tmp_path, results_dir=results) == []
