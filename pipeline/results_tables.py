@@ -50,7 +50,7 @@ def rule_seconds(root: Path) -> dict[str, float]:
 
 
 def collect_run(root: Path, name: str, simd: str, wall_seconds: float, exit_code: int, command: str,
-                results_dir: Path = RESULTS_DIR, note: str = "") -> Path:
+                results_dir: Path = RESULTS_DIR, note: str = "", suite_seconds: float | None = None) -> Path:
     """results/<name>/: run.json, summary.json (if the run got that far) and each stage's metrics.json."""
     import subprocess
 
@@ -70,7 +70,7 @@ def collect_run(root: Path, name: str, simd: str, wall_seconds: float, exit_code
     atomic_write_json(target / "run.json", {
         "name": name, "cpu": cpu["model_name"], "simd_flags": cpu["simd_flags"], "simd": simd,
         "command": command, "commit": commit, "wall_seconds": round(wall_seconds, 1), "exit_code": exit_code,
-        "rule_seconds": rule_seconds(root), "note": note,
+        "rule_seconds": rule_seconds(root), "note": note, "suite_seconds": suite_seconds,
     })
     return target
 
@@ -111,6 +111,7 @@ def p50(item: dict, length: int, threads: int = 1) -> float | None:
 def cpu_label(run: dict) -> str:
     flags = set(run["simd_flags"])
     isa = "AVX-512 VNNI" if "avx512_vnni" in flags else "AVX-512" if "avx512f" in flags else "AVX2"
+    isa += ", AMX" if "amx_int8" in flags else ""
     return f"\"{run['cpu']}\" ({isa})"
 
 
@@ -209,13 +210,89 @@ def headline(run: dict) -> str:
     return "\n".join(lines)
 
 
+def latency_cells(item: dict, lengths: tuple[int, ...] = (128, 384), threads: tuple[int, ...] = (1, 2)) -> list[str]:
+    cells = []
+    for length in lengths:
+        values = [p50(item, length, count) for count in threads]
+        cells.append("n/a" if all(v is None for v in values) else " / ".join(number(v, 1) for v in values))
+    return cells
+
+
+# The artifacts README and docs/results.md show of a run (summary.json has every one).
+SHOWN_ARTIFACTS = ("student/pytorch-fp32", "student/onnx-fp32", "student/onnx-int8", "student/ort-int8",
+                   "student/onnx-int4", "student/coreml-fp16", "student/coreml-int8", "student/coreml-4bit",
+                   "student/onnx-node-int8-optimized", "student/onnx-web-int8-optimized",
+                   "student/onnx-web-chromium-int8-optimized", "bert-base/pytorch-fp32", "bert-base/onnx-int8-optimized",
+                   "distilbert/pytorch-fp32", "distilbert/onnx-fp32", "distilbert/onnx-int8",
+                   "distilbert/onnx-int8-optimized", "distilbert/onnx-node-int8-optimized",
+                   "distilbert/onnx-web-int8-optimized", "distilbert/onnx-web-chromium-int8-optimized",
+                   "distilbert/coreml-fp16", "distilbert/coreml-int8", "distilbert/coreml-4bit")
+
+
+def artifacts_table(run: dict) -> str:
+    """Size, dev F1 (export rows: the gate questions), p50 latency at 1 / 2 threads and peak memory."""
+    summary = run["summary"]
+    lines = [f"`results/{run['name']}/summary.json`, {cpu_label(run)}, SIMD: {simd_label(run)}. p50 ms at 1 / 2 "
+             "threads (JavaScript in Node: 1 thread; in Chromium: its WebAssembly threads); n/a: beyond the model's "
+             "positions, or not runnable here (CoreML needs macOS).", "",
+             "| artifact | MB | dev F1 | seq 128 | seq 384 | peak RSS MB |", "|---|---|---|---|---|---|"]
+    for name in SHOWN_ARTIFACTS:
+        item = artifact(summary, name)
+        if not item:
+            continue
+        label = name + (f" ({item['recipe']})" if item.get("recipe") else "")
+        label += f", {item['runtime']}" if item.get("runtime") else ""
+        lines.append(f"| {label} | {item['size_mb']:.3g} | {number(item.get('f1'))} | "
+                     + " | ".join(latency_cells(item)) + f" | {number(item.get('peak_rss_mb'), 0)} |")
+    skipped = summary.get("skipped_timings") or []
+    if skipped:
+        lines += ["", "Not timed in this run: " + "; ".join(f"{s['what']} ({s['reason']})" for s in skipped) + "."]
+    return "\n".join(lines)
+
+
+def peers_table(run: dict) -> str:
+    """Each peer beside our int8 graph: peer p50 / ours (above 1: ours is faster), the verdict and how timed."""
+    summary = run["summary"]
+    if not summary.get("peers"):
+        return "No peer was timed in this run."
+    cells = [(length, threads) for length in (128, 384) for threads in (1, 2)]
+    lines = ["| peer | MB (ours) | " + " | ".join(f"seq {l}, {t} thr" for l, t in cells) + " |",
+             "|---|---|" + "---|" * len(cells)]
+    for peer in summary["peers"]:
+        row = []
+        for length, threads in cells:
+            cell = (peer["latency"].get(f"seq{length}") or {}).get(f"threads{threads}")
+            row.append("n/a" if not cell else f"{cell['ratio']:.2f}x ({cell['verdict']}, {cell['timing']})")
+        lines.append(f"| {peer['name']}: {peer['tool']} | {peer['size_mb']:.1f} ({peer['ours_size_mb']:.1f}) | "
+                     + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
 def blocks(runs: list[dict]) -> dict[str, str]:
     """Generated block name -> its text."""
     finished = [run for run in runs if run["summary"]]
     text = {"runs": runs_table(runs) if runs else "No reference run is committed."}
     headline_run = next((run for run in finished if run["simd"] == "native"), finished[0] if finished else None)
-    text["headline"] = headline(headline_run) if headline_run else "No reference run is committed."
+    none = "No reference run is committed."
+    text["headline"] = headline(headline_run) if headline_run else none
+    text["artifacts"] = artifacts_table(headline_run) if headline_run else none
+    text["peers"] = peers_table(headline_run) if headline_run else none
+    text["quickstart"] = quickstart(runs) if runs else none
     return text
+
+
+def quickstart(runs: list[dict]) -> str:
+    """README's quick start: the wall time of the default DAG, and of the test suite, on the slowest run measured."""
+    slowest = max(runs, key=lambda run: run["wall_seconds"])
+    text = (f"The whole default DAG took {minutes(slowest['wall_seconds'])} wall clock (exit code "
+            f"{slowest['exit_code']}) in the slowest reference run, on 2 cores of an {cpu_label(slowest)} CPU with "
+            f"SIMD: {simd_label(slowest)} (`results/{slowest['name']}/`; every run: [docs/results.md](docs/results.md))")
+    suites = [run for run in runs if run.get("suite_seconds")]
+    if suites:
+        suite = max(suites, key=lambda run: run["suite_seconds"])
+        text += (f"; the test suite took {minutes(suite['suite_seconds'])} on the {cpu_label(suite)} CPU with SIMD: "
+                 f"{simd_label(suite)}")
+    return text + "."
 
 
 def replace_blocks(document: str, generated: dict[str, str]) -> str:
@@ -249,9 +326,11 @@ def collect_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--exit-code", type=int, required=True)
     parser.add_argument("--command", default="snakemake --cores 2")
     parser.add_argument("--note", default="")
+    parser.add_argument("--suite-seconds", type=float, help="the README's test command, timed on the same machine "
+                        "and SIMD setting")
     args = parser.parse_args(argv)
     print(collect_run(args.root, args.name, args.simd, args.wall_seconds, args.exit_code, args.command,
-                      note=args.note))
+                      note=args.note, suite_seconds=args.suite_seconds))
     return 0
 
 
