@@ -200,3 +200,50 @@ def test_the_readme_command_plans_the_deploy_dag_with_no_training_rule(tmp_path)
     assert planned == {"prepare_data", "deploy_model", "export_onnx", "quantize_onnx", "export_coreml", "bundle",
                        "benchmark", "benchmark_web", "report", "deploy"}
     assert f"{tmp_path / 'out'}/deploy/distilbert-base-cased-distilled-squad/bundle" in completed.stdout
+
+
+def test_prepare_data_for_a_deploy_writes_the_dev_set_only(squad2_dev_sample, tmp_path):
+    from pipeline.data import configured_local_paths
+    from pipeline.stages import prepare_data
+
+    cfg = tiny_config(deploy={"model": "owner/qa"}, data={"squad": "squad", "squad_dev": str(squad2_dev_sample),
+                                                          "corpus": "synthetic", "max_dev_examples": 50})
+    assert configured_local_paths(cfg) == {"data.squad_dev": str(squad2_dev_sample)}  # no corpus, no hub train set
+    metrics = prepare_data.run(cfg, tmp_path / "data")
+    assert metrics["deploy"] and metrics["n_train_examples"] == 0 and metrics["n_dev_examples"] == 50
+    assert metrics["squad_source"] == str(squad2_dev_sample) and metrics["dev_source_key"] == "data.squad_dev"
+    assert not (tmp_path / "data" / "train.jsonl").exists() and not (tmp_path / "data" / "corpus.txt").exists()
+    assert len((tmp_path / "data" / "dev.jsonl").read_text().splitlines()) == 50
+    missing = tiny_config(deploy={"model": "owner/qa"}, data={"squad_dev": str(tmp_path / "nowhere.json")})
+    with pytest.raises(Exception, match="data.squad_dev: .*nowhere.json"):
+        prepare_data.run(missing, tmp_path / "missing")
+    assert not (tmp_path / "missing").exists()
+
+
+def test_deploy_model_answers_with_the_models_own_predictions(squad2_dev_sample, tmp_path):
+    """deploy_model.run on a tiny local QA model: its predictions are the ones that model gives (and another
+    model's differ), saved beside the model with the scores and the card."""
+    import torch
+
+    from pipeline import qa
+    from pipeline.data import load_squad
+    from pipeline.stages import deploy_model, prepare_data
+
+    tiny_qa_model_with_its_own_vocabulary(tmp_path / "qa", squad2_dev_sample)
+    torch.manual_seed(1)
+    other = BertForQuestionAnswering(BertForQuestionAnswering.from_pretrained(tmp_path / "qa").config)
+    cfg = tiny_config(deploy={"model": str(tmp_path / "qa")},
+                      data={"squad_dev": str(squad2_dev_sample), "max_dev_examples": 40})
+    prepare_data.run(cfg, tmp_path / "data")
+    metrics = deploy_model.run(cfg, tmp_path / "data", tmp_path / "deployed")
+    predictions = json.loads((tmp_path / "deployed" / "predictions.json").read_text())
+    dev, _ = load_squad(str(tmp_path / "data" / "dev.jsonl"))
+    tokenizer = BertTokenizerFast.from_pretrained(tmp_path / "qa")
+    model = BertForQuestionAnswering.from_pretrained(tmp_path / "qa").eval()
+    own_metrics, own = qa.evaluate_qa(model, tokenizer, dev, cfg.squad, torch.device("cpu"))
+    assert predictions == own and metrics["f1"] == own_metrics["f1"] and len(predictions) == 40
+    _, others = qa.evaluate_qa(other.eval(), tokenizer, dev, cfg.squad, torch.device("cpu"))
+    assert others != predictions
+    saved = BertForQuestionAnswering.from_pretrained(tmp_path / "deployed").eval()
+    assert all(torch.equal(a, b) for a, b in zip(saved.state_dict().values(), model.state_dict().values()))
+    assert metrics["fine_tuned_here"] is False and metrics["model_type"] == "bert"
