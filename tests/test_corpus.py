@@ -112,6 +112,14 @@ def test_the_output_is_the_same_whatever_the_workers_and_pieces_split_no_line(tm
     assert one_metrics["n_pieces"] > 10 and one_metrics["n_documents"] == 90
     for name in ("ids.bin", "doc_offsets.npy", "doc_is_heldout.npy", "token_counts.npy", "corpus.json"):
         assert (one / name).read_bytes() == (two / name).read_bytes(), name
+    # The counts summed over many pieces (and the hold-out's taken off) equal one bincount of the training ids.
+    corpus = TokenizedCorpus(one)
+    ids = np.fromfile(one / "ids.bin", dtype=np.uint16)
+    training = [ids[start:end] for start, end, held in zip(corpus.doc_offsets[:-1], corpus.doc_offsets[1:],
+                                                            corpus.doc_is_heldout) if not held]
+    assert 0 < len(training) < 90
+    vocab_size = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")).get_vocab_size()
+    assert corpus.token_counts().tolist() == np.bincount(np.concatenate(training), minlength=vocab_size).tolist()
 
 
 def test_json_lines_sources_max_documents_and_bad_sources(tmp_path, trained_tokenizer):
