@@ -64,7 +64,8 @@ class DataConfig:
         "(v1.1 or v2.0 layout) / .jsonl (datasets squad columns) training file.",
     )
     squad_dev: str | None = option(
-        None, "Dev file when `squad` is a local file. Ignored for 'synthetic'; hub names use `dev_split`."
+        None, "Dev file when `squad` is a local file. Ignored for 'synthetic'; hub names use `dev_split`. With "
+        "deploy.model set, the one dev set a deploy reads (a local file, or a hub name), instead of `squad`'s."
     )
     train_split: str = option("train", "Split name for a hub dataset's training data.")
     dev_split: str = option("validation", "Split name for a hub dataset's dev data.")
