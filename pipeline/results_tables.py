@@ -79,14 +79,14 @@ def collect_run(root: Path, name: str, simd: str, wall_seconds: float, exit_code
 
 
 def read_runs(results_dir: Path = RESULTS_DIR) -> list[dict]:
-    """Every committed run: run.json with its summary and stage metrics, in name order."""
+    """Every committed run: run.json with its summary and stage metrics; the CPU's own SIMD first."""
     runs = []
     for folder in sorted(path for path in results_dir.iterdir() if (path / "run.json").is_file()):
         run = read_json(folder / "run.json")
         run["summary"] = read_json(folder / "summary.json") if (folder / "summary.json").is_file() else None
         run["stages"] = {path.stem: read_json(path) for path in sorted((folder / "stages").glob("*.json"))}
         runs.append(run)
-    return runs
+    return sorted(runs, key=lambda run: (run["simd"] != "native", run["name"]))  # the CPU's own SIMD first
 
 
 def minutes(seconds: float | None) -> str:
