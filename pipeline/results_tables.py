@@ -63,6 +63,8 @@ def collect_run(root: Path, name: str, simd: str, wall_seconds: float, exit_code
             shutil.copy(root / folder / "metrics.json", target / "stages" / f"{stage}.json")
     if (root / "report" / "summary.json").is_file():
         shutil.copy(root / "report" / "summary.json", target / "summary.json")
+    if (root / "study" / "summary.json").is_file():  # target study, when it was run on the same output root
+        shutil.copy(root / "study" / "summary.json", target / "study.json")
     # The commit of the checkout the run was made in (the output root sits in it), else of this one.
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root if root.is_dir() else PROJECT_ROOT,
                             capture_output=True, text=True).stdout.strip()
@@ -84,6 +86,7 @@ def read_runs(results_dir: Path = RESULTS_DIR) -> list[dict]:
     for folder in sorted(path for path in results_dir.iterdir() if (path / "run.json").is_file()):
         run = read_json(folder / "run.json")
         run["summary"] = read_json(folder / "summary.json") if (folder / "summary.json").is_file() else None
+        run["study"] = read_json(folder / "study.json") if (folder / "study.json").is_file() else None
         run["stages"] = {path.stem: read_json(path) for path in sorted((folder / "stages").glob("*.json"))}
         runs.append(run)
     return sorted(runs, key=lambda run: (run["simd"] != "native", run["name"]))  # the CPU's own SIMD first
@@ -278,7 +281,30 @@ def blocks(runs: list[dict]) -> dict[str, str]:
     text["artifacts"] = artifacts_table(headline_run) if headline_run else none
     text["peers"] = peers_table(headline_run) if headline_run else none
     text["quickstart"] = quickstart(runs) if runs else none
+    studied = [run for run in runs if run.get("study")]
+    text["study"] = "\n\n".join(study_table(run) for run in studied) if studied else "No study is committed."
     return text
+
+
+def study_table(run: dict) -> str:
+    """docs/distillation.md: one run's study, each variant's F1 over seeds and its paired lead over CE-only."""
+    study = run["study"]
+    level = f"{study['confidence']:.0%}"
+    lines = [f"**{cpu_label(run)}, SIMD: {simd_label(run)}** (`results/{run['name']}/study.json`): "
+             f"{len(study['seeds'])} seeds, teacher dev F1 {study['teacher_f1']:.2f}, "
+             f"{study['n_dev_questions']:,} dev questions.", "",
+             f"| objective | dev F1 mean ± std | {level} interval | % of teacher | vs CE-only (paired) | {level} interval |",
+             "|---|---|---|---|---|---|"]
+    for name, variant in study["variants"].items():
+        f1 = variant["f1"]
+        relative = percent(variant.get("f1_relative_to_teacher"))
+        lead = variant.get("f1_minus_ce_only")
+        versus = "—" if not lead else (f"{lead['mean']:+.2f}" + (" (significant)" if lead["significant"] else
+                                                               " (not significant)"))
+        interval = "—" if not lead else f"[{lead['low']:+.2f}, {lead['high']:+.2f}]"
+        lines.append(f"| {name} | {f1['mean']:.2f} ± {f1['std']:.2f} | [{f1['low']:.2f}, {f1['high']:.2f}] | "
+                     f"{relative} | {versus} | {interval} |")
+    return "\n".join(lines)
 
 
 def quickstart(runs: list[dict]) -> str:
@@ -306,7 +332,9 @@ def render(check: bool = False, project_root: Path = PROJECT_ROOT, results_dir: 
     """Rewrite (or with `check`, compare) the generated blocks; returns the files that differ(ed)."""
     generated = blocks(read_runs(results_dir))
     changed = []
-    for path in (project_root / "README.md", project_root / "docs" / "results.md"):
+    for path in (project_root / "README.md", project_root / "docs" / "results.md", project_root / "docs" / "distillation.md"):
+        if not path.is_file():
+            continue
         before = path.read_text()
         after = replace_blocks(before, generated)
         if after != before:

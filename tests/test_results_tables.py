@@ -33,6 +33,14 @@ def fake_run_root(root, teacher_f1=93.0, student_f1=93.5):
                           "gates": {}}]}
     (root / "report").mkdir()
     (root / "report" / "summary.json").write_text(json.dumps(summary))
+    (root / "study").mkdir()
+    lead = {"n": 5, "mean": 2.5, "std": 1.0, "low": 1.26, "high": 3.74, "significant": True}
+    (root / "study" / "summary.json").write_text(json.dumps({
+        "seeds": [1, 2, 3, 4, 5], "confidence": 0.95, "n_dev_questions": 3781, "teacher_f1": teacher_f1,
+        "variants": {"ce_only": {"f1": {"mean": 91.0, "std": 1.5, "low": 89.1, "high": 92.9},
+                                 "f1_relative_to_teacher": 91.0 / teacher_f1},
+                     "tinybert": {"f1": {"mean": 93.5, "std": 0.5, "low": 92.9, "high": 94.1},
+                                  "f1_relative_to_teacher": 93.5 / teacher_f1, "f1_minus_ce_only": lead}}}))
     (root / "benchmarks").mkdir()
     (root / "benchmarks" / "teacher_pretrain.tsv").write_text("s\th:m:s\n94.2\t0:01:34\n")
 
@@ -47,8 +55,11 @@ def test_a_collected_run_renders_every_figure_from_its_files(tmp_path):
     (tmp_path / "docs").mkdir()
     (tmp_path / "README.md").write_text("intro\n<!-- results:headline -->\nold 112.2 ms\n<!-- /results:headline -->\nend\n")
     (tmp_path / "docs" / "results.md").write_text("<!-- results:runs -->\n<!-- /results:runs -->\n")
-    assert results_tables.render(project_root=tmp_path, results_dir=results) == [str(tmp_path / "README.md"),
-                                                                                   str(tmp_path / "docs" / "results.md")]
+    (tmp_path / "docs" / "distillation.md").write_text("<!-- results:study -->\n<!-- /results:study -->\n")
+    assert results_tables.render(project_root=tmp_path, results_dir=results) == [
+        str(tmp_path / "README.md"), str(tmp_path / "docs" / "results.md"), str(tmp_path / "docs" / "distillation.md")]
+    study = (tmp_path / "docs" / "distillation.md").read_text()
+    assert "| tinybert | 93.50 ± 0.50 | [92.90, 94.10] | 100.5% | +2.50 (significant) | [+1.26, +3.74] |" in study
     readme = (tmp_path / "README.md").read_text()
     assert readme.startswith("intro\n<!-- results:headline -->\nThe default run") and readme.endswith("-->\nend\n")
     assert "old 112.2" not in readme and "| 93.50 = 100.5 % of the teacher |".replace(" %", "%") in readme
