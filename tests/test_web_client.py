@@ -27,8 +27,8 @@ CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
 DEFAULT_RUN = PROJECT_ROOT / "artifacts"
 
 pytestmark = pytest.mark.skipif(
-    NODE is None or not (CLIENT / "node_modules" / "onnxruntime-web").is_dir(),
-    reason="Node.js or clients/web/node_modules is missing (install Node 20, then `npm ci` in clients/web)",
+    NODE is None or NPM is None or not (CLIENT / "node_modules" / "onnxruntime-web").is_dir(),
+    reason="Node.js, npm or clients/web/node_modules is missing (install Node 20, then `npm ci` in clients/web)",
 )
 needs_chromium = pytest.mark.skipif(
     not Path(CHROMIUM).is_file() or not (CLIENT / "node_modules" / "puppeteer-core").is_dir(),
@@ -111,7 +111,7 @@ def assert_same_tokens(tokenizer_path: Path, texts: list[str]) -> None:
 
 def test_javascript_unit_tests_and_the_type_declarations_pass():
     """`npm test`: node's test runner on test/ and tsc on the package's TypeScript declarations."""
-    completed = subprocess.run([NPM or "npm", "test"], cwd=CLIENT, capture_output=True, text=True)
+    completed = subprocess.run([NPM, "test"], cwd=CLIENT, capture_output=True, text=True)
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-2000:]
 
 
