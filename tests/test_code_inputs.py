@@ -101,6 +101,7 @@ def test_the_javascript_timing_reruns_when_the_client_changes():
     client = PROJECT_ROOT / "clients" / "web"
     expected = {*(client / "scripts" / name for name in ("bench.mjs", "chromium.mjs", "serve-demo.mjs")),
                 client / "package-lock.json", client / "bench" / "index.html", client / "bench" / "bench.js",
+                client / "bench" / "latency.js",
                 *(client / "src").glob("*.js")}
     assert expected <= {Path(path) for path in code}
 

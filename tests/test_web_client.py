@@ -22,12 +22,13 @@ from tests.conftest import PROJECT_ROOT
 
 CLIENT = PROJECT_ROOT / "clients" / "web"
 NODE = shutil.which("node")
+NPM = shutil.which("npm")
 CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
 DEFAULT_RUN = PROJECT_ROOT / "artifacts"
 
 pytestmark = pytest.mark.skipif(
-    NODE is None or not (CLIENT / "node_modules" / "onnxruntime-web").is_dir(),
-    reason="Node.js or clients/web/node_modules is missing (install Node 20, then `npm ci` in clients/web)",
+    NODE is None or NPM is None or not (CLIENT / "node_modules" / "onnxruntime-web").is_dir(),
+    reason="Node.js, npm or clients/web/node_modules is missing (install Node 20, then `npm ci` in clients/web)",
 )
 needs_chromium = pytest.mark.skipif(
     not Path(CHROMIUM).is_file() or not (CLIENT / "node_modules" / "puppeteer-core").is_dir(),
@@ -108,8 +109,9 @@ def assert_same_tokens(tokenizer_path: Path, texts: list[str]) -> None:
 # ------------------------------------------------------------------------------------------------ Node
 
 
-def test_javascript_unit_tests_pass():
-    completed = subprocess.run([NODE, "--test", "test/"], cwd=CLIENT, capture_output=True, text=True)
+def test_javascript_unit_tests_and_the_type_declarations_pass():
+    """`npm test`: node's test runner on test/ and tsc on the package's TypeScript declarations."""
+    completed = subprocess.run([NPM, "test"], cwd=CLIENT, capture_output=True, text=True)
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-2000:]
 
 
@@ -129,6 +131,11 @@ def test_windows_and_answers_equal_the_python_answerer_on_node_and_web(tiny, tmp
     for backend, figures in report["backends"].items():
         assert figures["windows_differing"] == 0, (backend, figures["first_differences"])
         assert figures["answer_agreement"] >= 0.99, (backend, figures["answers_differing"])
+        # The code-point span is the Python answerer's; the UTF-16 span cuts the answer out of the context, also
+        # behind the emoji of the hard texts, where the two kinds of offsets part.
+        assert figures["answer_spans_same"] >= 0.99 * len(questions), (backend, figures["answer_spans_differing"])
+        assert figures["utf16_spans_wrong"] == [], backend
+        assert figures["utf16_spans_unlike_code_points"] > 0, backend
 
 
 def test_the_vocab_txt_tokenizer_gives_the_same_windows(tiny, tmp_path):
@@ -167,6 +174,53 @@ def test_default_run_bundle_parity_on_every_dev_question(tmp_path):
     hard = check_parity.parity(DEFAULT_RUN / "bundle", write_questions(tmp_path / "q.json", hard_questions()), ["node"])
     assert hard["backends"]["node"]["windows_differing"] == 0, hard["backends"]["node"]["first_differences"]
     assert hard["backends"]["node"]["windows"] > len(HARD_EXAMPLES)  # the long context takes several windows
+
+
+# An app's script on the installed package: one answer, and the backend whose runtime the app did not install.
+APP_SCRIPT = """
+import { loadBundle } from "distilqa-client/node";
+const [bundle, question, context] = process.argv.slice(2);
+const result = await (await loadBundle(bundle)).answer(question, context);
+const web = await loadBundle(bundle, { backend: "web" }).then(() => null, (error) => `${error.name}: ${error.message}`);
+const resolved = import.meta.resolve("distilqa-client/node");
+console.log(JSON.stringify({ ...result, sliced: context.slice(result.start, result.end), web, resolved }));
+"""
+
+
+def test_the_packed_tarball_installs_in_a_fresh_project_and_answers_there(tiny, tmp_path):
+    """`npm pack`, then a new project installs the tarball and onnxruntime-node (from the npm cache where it holds
+    them) and answers with the package's Node entry point as the Python answerer does."""
+    packed = subprocess.run([NPM, "pack", "--json", "--ignore-scripts", "--pack-destination", str(tmp_path)], cwd=CLIENT,
+                            capture_output=True, text=True)
+    assert packed.returncode == 0, packed.stderr[-2000:]
+    tarball = tmp_path / json.loads(packed.stdout)[0]["filename"]
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "package.json").write_text(json.dumps({"name": "qa-app", "version": "1.0.0", "private": True,
+                                                  "type": "module"}))
+    runtime = json.loads((CLIENT / "package.json").read_text())["devDependencies"]["onnxruntime-node"]
+    # onnxruntime-node's install script fetches GPU extras from a host outside the registry; the CPU binaries ship
+    # in the package.
+    env = {**os.environ, "ONNXRUNTIME_NODE_INSTALL": "skip"}
+    installed = subprocess.run([NPM, "install", "--prefer-offline", "--no-audit", "--no-fund", str(tarball),
+                                f"onnxruntime-node@{runtime}"], cwd=app, env=env, capture_output=True, text=True)
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    package = app / "node_modules" / "distilqa-client"
+    assert not package.is_symlink() and not (package / "test").exists() and (package / "types" / "node.d.ts").is_file()
+    assert not (app / "node_modules" / "onnxruntime-web").exists()  # an optional peer: not installed unasked
+    (app / "answer.mjs").write_text(APP_SCRIPT)
+    # Emoji from the context's first character on: UTF-16 and code-point offsets part before any answer ends.
+    question, context = {name: (q, c) for name, q, c in HARD_EXAMPLES}["emoji"]
+    completed = subprocess.run([NODE, "answer.mjs", str(tiny["bundle"]), question, context], cwd=app,
+                               capture_output=True, text=True)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    result = json.loads(completed.stdout)
+    assert result["resolved"].startswith(package.resolve().as_uri())
+    python = onnx_qa.QuestionAnswerer.from_bundle(tiny["bundle"]).answer(question, context)
+    assert result["answer"] == python["answer"] != ""
+    assert [result["startCodePoint"], result["endCodePoint"]] == [python["start"], python["end"]]
+    assert result["sliced"] == result["answer"] and result["end"] > result["endCodePoint"]
+    assert result["web"].startswith('BundleError: backend "web" needs the package onnxruntime-web')
 
 
 # --------------------------------------------------------------------------------------------- browser

@@ -1,8 +1,9 @@
 """Latency of the bundle's ONNX model in JavaScript: onnxruntime-web (WebAssembly) and onnxruntime-node in Node at
 1 thread, and onnxruntime-web in headless Chromium at benchmark.browser_threads.
 
-The timing runs in clients/web/scripts/bench.mjs, one process per model, runtime and thread count, so each peak
-memory is its own; in Chromium it times session.run inside a page that the client's own server makes
+The timing runs in clients/web/scripts/bench.mjs (its timing code, clients/web/bench/latency.js, is shared with the
+latency page and stays out of the client's npm package), one process per model, runtime and thread count, so each
+peak memory is its own; in Chromium it times session.run inside a page that the client's own server makes
 cross-origin isolated (WebAssembly threads need it), and fails if the page runs fewer threads than asked. This
 stage picks the models, calls it, and writes entries shaped like the benchmark summary's artifacts (format
 "onnx-web" / "onnx-node" / "onnx-web-chromium"). Timed: the bundle's model and, where the pipeline built it, the

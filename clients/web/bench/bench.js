@@ -2,7 +2,7 @@
 // scripts/serve-demo.mjs) and calls runBenchmark. One page times one model at one thread count, because
 // onnxruntime-web fixes its threads when the page creates its first session.
 import * as ort from "../node_modules/onnxruntime-web/dist/ort.wasm.min.mjs";
-import { timeLengths } from "../src/latency.js";
+import { timeLengths } from "./latency.js";
 
 ort.env.wasm.wasmPaths = new URL("../node_modules/onnxruntime-web/dist/", import.meta.url).href;
 

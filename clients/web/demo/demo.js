@@ -1,22 +1,21 @@
 // The demo page: load the bundle served beside this page, answer in the page with onnxruntime-web.
 import * as ort from "../node_modules/onnxruntime-web/dist/ort.wasm.min.mjs";
-import { codePoints, defaultThreads, loadBundleFromUrl } from "../src/browser.js";
+import { defaultThreads, loadBundleFromUrl } from "../src/browser.js";
 
 const $ = (id) => document.getElementById(id);
 ort.env.wasm.wasmPaths = new URL("../node_modules/onnxruntime-web/dist/", import.meta.url).href;
 
 function showHighlighted(context, start, end) {
-  // start/end count code points (as the Python answerer does); the DOM wants string pieces.
-  const chars = codePoints(context);
+  // start/end are UTF-16 indices, what String.prototype.slice takes.
   const view = $("highlighted");
   view.replaceChildren();
-  view.append(chars.slice(0, start).join(""));
+  view.append(context.slice(0, start));
   if (end > start) {
     const mark = document.createElement("mark");
-    mark.textContent = chars.slice(start, end).join("");
+    mark.textContent = context.slice(start, end);
     view.append(mark);
   }
-  view.append(chars.slice(end).join(""));
+  view.append(context.slice(end));
 }
 
 /** The WebAssembly threads asked for: ?threads=N in the page's URL, else as many as the browser allows. */

@@ -1,6 +1,6 @@
 // Latency of one ONNX question-answering model in onnxruntime-node, onnxruntime-web (WebAssembly) in Node, or
 // onnxruntime-web in headless Chromium: batch 1, every token attended, p50/p90 over --runs timed runs after
-// --warmup untimed ones (src/latency.js, the same code in Node and in the page), at --threads threads.
+// --warmup untimed ones (bench/latency.js, the same code in Node and in the page), at --threads threads.
 //   node scripts/bench.mjs --model FILE --backend node|web|chromium --lengths 128,384 --vocab-size N
 //        [--max-positions N] [--runs 20] [--warmup 3] [--threads 1] [--no-isolation] --out FILE
 // chromium: the page bench/ served on 127.0.0.1 by serve-demo.mjs, cross-origin isolated (unless --no-isolation)
@@ -13,7 +13,7 @@ import { readFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { basename, dirname, join } from "node:path";
 import { parseArgs } from "node:util";
-import { timeLengths } from "../src/latency.js";
+import { timeLengths } from "../bench/latency.js";
 import { onnxRuntime, sessionOptions } from "../src/node.js";
 import { serve } from "./serve-demo.mjs";
 

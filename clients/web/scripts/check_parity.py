@@ -3,9 +3,12 @@ file.
 
 Runs `node scripts/parity.mjs` on each backend, then compares with the Python answerer on the same questions:
   * token ids and context offsets of every window of every question (must be identical),
-  * answer text per question (share of questions with the same text as `python -m pipeline answer --json`).
-Prints the figures, writes them as JSON with --out, and exits 1 when a window differs or the answer agreement is
-below --min-agreement.
+  * answer text per question (share of questions with the same text as `python -m pipeline answer --json`),
+  * the answer's span: the client's code-point offsets (startCodePoint/endCodePoint) against the Python
+    answerer's start/end (Python str indices), and its UTF-16 offsets (start/end, JavaScript string indices)
+    checked here by slicing the context's UTF-16 encoding (must give the answer text, every time).
+Prints the figures, writes them as JSON with --out, and exits 1 when a window differs, a UTF-16 span does not
+give its answer, or the answer or span agreement is below --min-agreement.
 
   .venv/bin/python clients/web/scripts/check_parity.py --bundle artifacts/bundle --questions artifacts/data/dev.jsonl
 """
@@ -69,11 +72,39 @@ def compare_windows(python_windows: onnx_qa.Windows, js_windows: list[dict]) -> 
     return {"windows": len(python_windows), "windows_differing": len(differences), "first_differences": differences[:5]}
 
 
+def utf16_slice(text: str, start: int, end: int) -> str:
+    """text between two JavaScript string indices (UTF-16 code units), as String.prototype.slice cuts it."""
+    return text.encode("utf-16-le")[2 * start:2 * end].decode("utf-16-le")
+
+
+def compare_spans(contexts: dict[str, str], python_n_best: dict[str, list[dict]], js: dict) -> dict:
+    """The best answer's offsets: code points against the Python answerer's, UTF-16 ones against the context."""
+    same, differing, utf16_wrong, utf16_moved = 0, [], [], 0
+    for qid, candidates in python_n_best.items():
+        python_span = [candidates[0]["start"], candidates[0]["end"]] if candidates else None
+        span = js["spans"].get(qid)
+        js_span = [span["start_code_point"], span["end_code_point"]] if span else None
+        if js_span == python_span:
+            same += 1
+        else:
+            differing.append({"id": qid, "python": python_span, "javascript": js_span})
+        if span is None:
+            continue
+        if utf16_slice(contexts[qid], span["start"], span["end"]) != js["predictions"][qid]:
+            utf16_wrong.append({"id": qid, "start": span["start"], "end": span["end"], "answer": js["predictions"][qid]})
+        utf16_moved += [span["start"], span["end"]] != js_span
+    return {"answer_spans_same": same, "answer_spans_differing": differing[:10], "utf16_spans_wrong": utf16_wrong[:10],
+            # answers behind a character outside the Basic Multilingual Plane: UTF-16 and code points part there
+            "utf16_spans_unlike_code_points": utf16_moved}
+
+
 def parity(bundle: Path, questions_path: Path, backends: list[str], tokenizer: str = "json") -> dict:
     questions = read_questions(questions_path)
     answerer = onnx_qa.QuestionAnswerer.from_bundle(bundle, threads=1)
     python_windows = answerer.windows(questions)
-    python_answers = answerer.predict(questions)
+    python_n_best = answerer.n_best(questions, python_windows)
+    python_answers = {qid: (candidates[0]["text"] if candidates else "") for qid, candidates in python_n_best.items()}
+    contexts = {q["id"]: q["context"] for q in questions}
     report = {"bundle": str(bundle), "questions": str(questions_path), "n_questions": len(questions),
               "n_contexts": len({q["context"] for q in questions}), "backends": {}}
     for backend in backends:
@@ -85,6 +116,7 @@ def parity(bundle: Path, questions_path: Path, backends: list[str], tokenizer: s
             "answer_agreement": round(len(same) / max(len(questions), 1), 4),
             "answers_same": len(same),
             "answers_differing": differing[:10],
+            **compare_spans(contexts, python_n_best, js),
             **compare_windows(python_windows, js["windows"]),
             "javascript_seconds": round(js["seconds"], 3),
         }
@@ -112,8 +144,9 @@ def main(argv: list[str] | None = None) -> int:
         partial.write_text(text + "\n", encoding="utf-8")
         os.replace(partial, args.out)
     print(text)
-    ok = all(b["windows_differing"] == 0 and b["answer_agreement"] >= args.min_agreement
-             for b in report["backends"].values())
+    n = max(report["n_questions"], 1)
+    ok = all(b["windows_differing"] == 0 and not b["utf16_spans_wrong"] and b["answer_agreement"] >= args.min_agreement
+             and b["answer_spans_same"] / n >= args.min_agreement for b in report["backends"].values())
     return 0 if ok else 1
 
 

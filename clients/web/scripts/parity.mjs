@@ -2,7 +2,9 @@
 // Python answerer (clients/web/scripts/check_parity.py compares them).
 //   node scripts/parity.mjs --bundle DIR --questions FILE --out FILE [--backend node|web] [--tokenizer json|vocab]
 // FILE: JSON lines or a JSON list of {id, question, context}, or a SQuAD file. The output holds
-// {backend, predictions: {id: text}, windows: [{example_id, input_ids, context_offsets}], seconds}.
+// {backend, predictions: {id: text}, spans: {id: {start, end, start_code_point, end_code_point}} (the best
+// answer's offsets in the context: UTF-16 units and code points; absent where there is no answer),
+// windows: [{example_id, input_ids, context_offsets (code points)}], seconds}.
 import { readFileSync, renameSync, writeFileSync } from "node:fs";
 import { parseArgs } from "node:util";
 import { BundleError, loadBundle } from "../src/node.js";
@@ -53,13 +55,21 @@ async function main() {
   const examples = readQuestions(values.questions);
   const answerer = await loadBundle(values.bundle, { backend: values.backend, threads: 1, tokenizer: values.tokenizer });
   const started = performance.now();
-  const predictions = await answerer.predict(examples);
+  const nBest = await answerer.nBest(examples);
   const seconds = (performance.now() - started) / 1000;
+  const predictions = {};
+  const spans = {};
+  for (const [id, candidates] of Object.entries(nBest)) {
+    predictions[id] = candidates.length ? candidates[0].text : ""; // as answerer.predict
+    if (!candidates.length) continue;
+    const { start, end, startCodePoint, endCodePoint } = candidates[0];
+    spans[id] = { start, end, start_code_point: startCodePoint, end_code_point: endCodePoint };
+  }
   const windows = answerer.windows(examples).map((window) => ({
     example_id: window.exampleId, input_ids: window.ids, context_offsets: window.offsets,
   }));
   const partial = `${values.out}.partial`;
-  writeFileSync(partial, JSON.stringify({ backend: values.backend, predictions, windows, seconds }));
+  writeFileSync(partial, JSON.stringify({ backend: values.backend, predictions, spans, windows, seconds }));
   renameSync(partial, values.out); // a killed run leaves no file that looks complete
 }
 

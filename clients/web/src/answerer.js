@@ -7,10 +7,18 @@
 //   2. Keep, per window, the character offsets of its context tokens (other positions: null).
 //   3. Pad the windows, run them through the ONNX model in batches, each batch cut to its longest window.
 //   4-5. n-best spans per window (squad.js), the best over all windows; the text is cut from the context.
+// Answers carry two pairs of offsets into the context: start/end in UTF-16 units (JavaScript string indices)
+// and startCodePoint/endCodePoint in code points (Python str indices, as pipeline/onnx_qa.py's start/end).
 import { BertTokenizer, TokenizerError } from "./tokenizer.js";
 import { nBestAnswers } from "./squad.js";
 
-export class BundleError extends Error {}
+/** A bundle that cannot be read (missing file or key, bad setting) or a question that cannot be answered. */
+export class BundleError extends Error {
+  constructor(message, options) {
+    super(message, options);
+    this.name = "BundleError";
+  }
+}
 
 const QA_CONFIG_KEYS = ["max_seq_length", "doc_stride", "n_best_size", "max_answer_length", "tokenizer", "onnx"];
 const MODEL_INPUTS = new Set(["input_ids", "attention_mask", "token_type_ids"]);
@@ -23,7 +31,7 @@ export function parseQaConfig(text, source = "qa_config.json") {
   try {
     config = JSON.parse(text);
   } catch (error) {
-    throw new BundleError(`${source}: invalid JSON: ${error.message}`);
+    throw new BundleError(`${source}: invalid JSON: ${error.message}`, { cause: error });
   }
   const missing = QA_CONFIG_KEYS.filter((key) => !(key in config));
   if (missing.length > 0) throw new BundleError(`${source}: missing keys ${JSON.stringify(missing)}`);
@@ -51,7 +59,7 @@ export function tokenizerFromBundleFiles(qaConfig, { tokenizerJson, vocabText })
       qaConfig.tokenizer.vocab ?? "vocab.txt",
     );
   } catch (error) {
-    if (error instanceof TokenizerError || error instanceof SyntaxError) throw new BundleError(error.message);
+    if (error instanceof TokenizerError || error instanceof SyntaxError) throw new BundleError(error.message, { cause: error });
     throw error;
   }
 }
@@ -84,7 +92,8 @@ export class QuestionAnswerer {
   /**
    * An answerer from a bundle's file contents.
    * @param {object} ort onnxruntime module
-   * @param {{qaConfig: string, model: Uint8Array, tokenizerJson?: string, vocabText?: string}} files
+   * @param {{qaConfig: string, model: Uint8Array | string, tokenizerJson?: string, vocabText?: string}} files
+   *   model: the ONNX file's bytes, or a path or URI that ort.InferenceSession.create opens itself
    * @param {object} [sessionOptions] passed to ort.InferenceSession.create (threads, execution providers)
    */
   static async fromBundleFiles(ort, files, sessionOptions = {}) {
@@ -184,11 +193,15 @@ export class QuestionAnswerer {
 
   // ------------------------------------------------------------------------------------ 4-5: answers
 
-  /** Question id -> candidate answers, best first: {text, start, end, score, startLogit, endLogit}. */
+  /**
+   * Question id -> candidate answers, best first: {text, start, end, startCodePoint, endCodePoint, score,
+   * startLogit, endLogit}; start/end are UTF-16 indices of the context, the others count code points.
+   */
   async nBest(examples) {
     return (await this.nBestWithWindows(examples)).answers;
   }
 
+  /** nBest() and the windows it ran: {answers, windows}. */
   async nBestWithWindows(examples) {
     checkExamples(examples);
     const windows = this.windows(examples);
@@ -215,16 +228,19 @@ export class QuestionAnswerer {
   }
 
   /**
-   * One question: {answer, start, end, score, nBest, windows} with start/end in code points of the context
-   * (codePointSlice(context, start, end) === answer).
+   * One question: {answer, start, end, startCodePoint, endCodePoint, score, nBest, windows}.
+   * start/end are UTF-16 indices of the context (context.slice(start, end) === answer); startCodePoint and
+   * endCodePoint count code points (codePointSlice(context, startCodePoint, endCodePoint) === answer), as the
+   * Python answerer's start/end do. They differ once a character outside the Basic Multilingual Plane (an
+   * emoji, say) precedes the answer. No valid span: answer "", offsets 0 and score null.
    */
   async answer(question, context, nBest = 5) {
     const { answers, windows } = await this.nBestWithWindows([{ id: "q", question, context }]);
     const candidates = answers.q;
-    const best = candidates[0] ?? { text: "", start: 0, end: 0, score: null };
+    const best = candidates[0] ?? { text: "", start: 0, end: 0, startCodePoint: 0, endCodePoint: 0, score: null };
     return {
-      answer: best.text, start: best.start, end: best.end, score: best.score, nBest: candidates.slice(0, nBest),
-      windows: windows.length,
+      answer: best.text, start: best.start, end: best.end, startCodePoint: best.startCodePoint,
+      endCodePoint: best.endCodePoint, score: best.score, nBest: candidates.slice(0, nBest), windows: windows.length,
     };
   }
 }

@@ -1,4 +1,5 @@
-// The bundle client's platform-free core: pass in the onnxruntime module your platform has.
+// The bundle client's platform-free core (no Node or DOM calls): pass in the onnxruntime module your platform
+// has (onnxruntime-node, onnxruntime-web or onnxruntime-react-native).
 export { QuestionAnswerer, BundleError, parseQaConfig, tokenizerFromBundleFiles } from "./answerer.js";
-export { BertTokenizer, TokenizerError, codePoints, codePointSlice } from "./tokenizer.js";
+export { BertTokenizer, TokenizerError, codePoints, codePointSlice, utf16IndexOfCodePoints } from "./tokenizer.js";
 export { nBestAnswers } from "./squad.js";

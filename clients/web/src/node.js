@@ -14,11 +14,21 @@ async function readBundleFile(bundleDir, name, encoding) {
   }
 }
 
-/** The onnxruntime module of a backend: "node" (onnxruntime-node) or "web" (onnxruntime-web, WebAssembly). */
+const RUNTIME_PACKAGES = { node: "onnxruntime-node", web: "onnxruntime-web" };
+
+/**
+ * The onnxruntime module of a backend: "node" (onnxruntime-node) or "web" (onnxruntime-web, WebAssembly). Both
+ * are optional peer dependencies: the app installs the one it uses.
+ */
 export async function onnxRuntime(backend) {
-  if (backend === "node") return import("onnxruntime-node");
-  if (backend === "web") return import("onnxruntime-web");
-  throw new BundleError(`backend ${JSON.stringify(backend)}: expected "node" or "web"`);
+  const name = RUNTIME_PACKAGES[backend];
+  if (name === undefined) throw new BundleError(`backend ${JSON.stringify(backend)}: expected "node" or "web"`);
+  try {
+    return await import(name);
+  } catch (error) {
+    if (error?.code !== "ERR_MODULE_NOT_FOUND" || !String(error.message).includes(`'${name}'`)) throw error;
+    throw new BundleError(`backend "${backend}" needs the package ${name}: npm install ${name}`, { cause: error });
+  }
 }
 
 /** Session options that pin onnxruntime to `threads` intra-op threads on either backend. */
@@ -37,6 +47,8 @@ export function sessionOptions(ort, backend, threads) {
  * A QuestionAnswerer on a bundle folder (qa_config.json, tokenizer.json or vocab.txt, the ONNX model).
  * @param {string} bundleDir
  * @param {{backend?: "node"|"web", threads?: number, model?: string, tokenizer?: "json"|"vocab"}} [options]
+ *   backend: onnxruntime-node (native CPU, default) or onnxruntime-web (WebAssembly); threads: intra-op threads;
+ *   model: another ONNX file of the bundle than qa_config's onnx.model; tokenizer: read tokenizer.json or vocab.txt
  */
 export async function loadBundle(bundleDir, { backend = "node", threads = 1, model, tokenizer = "json" } = {}) {
   const qaConfigText = await readBundleFile(bundleDir, "qa_config.json", "utf8");

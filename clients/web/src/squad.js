@@ -1,5 +1,5 @@
 // n-best answer spans over a question's windows: pipeline/squad.py's n_best_predictions, step for step.
-import { codePoints } from "./tokenizer.js";
+import { utf16IndexOfCodePoints } from "./tokenizer.js";
 
 /**
  * The n positions with the largest values, largest first (ties: the later position first, as numpy's stable
@@ -44,8 +44,11 @@ export function windowCandidates(offsets, startLogits, endLogits, nBestSize, max
 }
 
 /**
- * Best candidates of one question over all its windows, best first: {text, start, end, score, startLogit, endLogit}.
- * `windows` holds {offsets, startLogits, endLogits} per window; start/end are code point offsets in `context`.
+ * Best candidates of one question over all its windows, best first:
+ * {text, start, end, startCodePoint, endCodePoint, score, startLogit, endLogit}.
+ * `windows` holds {offsets, startLogits, endLogits} per window, offsets in code points of `context`.
+ * start/end are UTF-16 indices of `context` (context.slice(start, end) === text); startCodePoint/endCodePoint
+ * count code points, as Python's str indices and pipeline/onnx_qa.py's start/end do.
  */
 export function nBestAnswers(context, windows, nBestSize, maxAnswerLength) {
   let candidates = [];
@@ -56,11 +59,13 @@ export function nBestAnswers(context, windows, nBestSize, maxAnswerLength) {
   }
   // Array.prototype.sort is stable: equal scores keep window order, as Python's sorted() does.
   candidates.sort((a, b) => b.score - a.score);
-  const contextChars = codePoints(context);
+  const utf16 = utf16IndexOfCodePoints(context);
   return candidates.slice(0, nBestSize).map((candidate) => ({
-    text: contextChars.slice(candidate.charStart, candidate.charEnd).join(""),
-    start: candidate.charStart,
-    end: candidate.charEnd,
+    text: context.slice(utf16[candidate.charStart], utf16[candidate.charEnd]),
+    start: utf16[candidate.charStart],
+    end: utf16[candidate.charEnd],
+    startCodePoint: candidate.charStart,
+    endCodePoint: candidate.charEnd,
     score: candidate.score,
     startLogit: candidate.startLogit,
     endLogit: candidate.endLogit,

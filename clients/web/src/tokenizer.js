@@ -3,9 +3,16 @@
 // `tokenizers` library gives for the same file.
 //
 // Offsets count Unicode code points of the original text, as Python's str indices do (a JavaScript string
-// index counts UTF-16 units: an emoji is one code point but two units). Use codePointSlice() to cut text.
+// index counts UTF-16 units: an emoji is one code point but two units). Use codePointSlice() to cut text, or
+// utf16IndexOfCodePoints() to turn them into string indices.
 
-export class TokenizerError extends Error {}
+/** A tokenizer file that is not a BERT WordPiece tokenizer this client reads. */
+export class TokenizerError extends Error {
+  constructor(message, options) {
+    super(message, options);
+    this.name = "TokenizerError";
+  }
+}
 
 // Rust's char::is_whitespace is Unicode's White_Space property; tab, newline and carriage return are
 // controls that BERT cleaning treats as whitespace.
@@ -51,6 +58,21 @@ export function codePoints(text) {
 /** text[start:end] where start and end count code points, as Python slices a str. */
 export function codePointSlice(text, start, end) {
   return codePoints(text).slice(start, end).join("");
+}
+
+/**
+ * The UTF-16 index (a JavaScript string index) of every code point boundary of `text`: entry i is where code
+ * point i starts, the last entry (index = number of code points) is text.length.
+ * text.slice(u[start], u[end]) === codePointSlice(text, start, end).
+ */
+export function utf16IndexOfCodePoints(text) {
+  const indices = [0];
+  let index = 0;
+  for (const char of text) {
+    index += char.length; // 2 for a character outside the Basic Multilingual Plane (a surrogate pair), else 1
+    indices.push(index);
+  }
+  return indices;
 }
 
 export class BertTokenizer {

@@ -1,9 +1,9 @@
 // Windows, batching and n-best search of the client on a stand-in session that returns chosen logits.
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { BundleError, QuestionAnswerer } from "../src/answerer.js";
+import { BundleError, QuestionAnswerer, parseQaConfig } from "../src/answerer.js";
 import { nBestAnswers, topPositions } from "../src/squad.js";
-import { BertTokenizer } from "../src/tokenizer.js";
+import { BertTokenizer, TokenizerError, codePointSlice, utf16IndexOfCodePoints } from "../src/tokenizer.js";
 
 const WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "who", "?", "w0", "w1", "w2", "w3", "w4", "w5", "w6", "w7", "w8", "w9"];
 const tokenizer = new BertTokenizer({ vocab: new Map(WORDS.map((w, i) => [w, i])), lowercase: true, stripAccents: true });
@@ -81,12 +81,50 @@ test("the question, [CLS] and padding never crowd the context out of the top n",
   assert.equal(best.text, "w1");
 });
 
-test("a question that leaves no more room than doc_stride is refused by id; bad settings and inputs too", () => {
+test("a question that leaves no more room than doc_stride is refused by id; bad settings and inputs too", async () => {
   const answerer = new QuestionAnswerer({ Tensor }, fakeSession("w1", "w1"), tokenizer, SETTINGS);
   assert.throws(() => answerer.windows([{ id: "q7", question: "who who who", context: CONTEXT }]),
     /question "q7": 3 tokens leave 2 for the context .* the question is too long/);
   assert.throws(() => new QuestionAnswerer({ Tensor }, fakeSession("w1", "w1"), tokenizer, { ...SETTINGS, doc_stride: 8 }),
     BundleError);
-  assert.rejects(answerer.predict([{ id: "a", question: "who?", context: "w1" }, { id: "a", question: "who?", context: "w2" }]),
-    /question id "a" appears twice/);
+  await assert.rejects(
+    answerer.predict([{ id: "a", question: "who?", context: "w1" }, { id: "a", question: "who?", context: "w2" }]),
+    { name: "BundleError", message: /question id "a" appears twice/ },
+  );
+  await assert.rejects(answerer.answer("who?", 42), { name: "BundleError", message: /field "context" must be a string/ });
+});
+
+test("answers give UTF-16 offsets (JavaScript string indices) beside code point offsets (Python str indices)", async () => {
+  const answerer = new QuestionAnswerer({ Tensor }, fakeSession("w7", "w8"), tokenizer, SETTINGS);
+  // 😀 and 👋🏽 are outside the Basic Multilingual Plane: one code point but two UTF-16 units each (👋🏽 is two
+  // code points, hand and skin tone); é is one of each.
+  const context = "😀 é 👋🏽 w7 w8 w9";
+  const result = await answerer.answer("who?", context);
+  assert.equal(result.answer, "w7 w8");
+  assert.deepEqual([result.start, result.end], [10, 15]);
+  assert.deepEqual([result.startCodePoint, result.endCodePoint], [7, 12]);
+  assert.equal(context.slice(result.start, result.end), result.answer);
+  assert.equal(codePointSlice(context, result.startCodePoint, result.endCodePoint), result.answer);
+  for (const candidate of result.nBest) {
+    assert.equal(context.slice(candidate.start, candidate.end), candidate.text);
+    assert.equal(codePointSlice(context, candidate.startCodePoint, candidate.endCodePoint), candidate.text);
+  }
+  assert.deepEqual(utf16IndexOfCodePoints("a😀b"), [0, 1, 3, 4]);
+  // No valid span (an empty context): no answer, zero offsets, no score.
+  const none = await answerer.answer("who?", "");
+  assert.deepEqual([none.answer, none.start, none.end, none.startCodePoint, none.endCodePoint, none.score],
+    ["", 0, 0, 0, 0, null]);
+});
+
+test("errors say their class in name and keep the error they wrap as cause", () => {
+  assert.throws(() => parseQaConfig("{", "bundle/qa_config.json"), (error) => {
+    assert.ok(error instanceof BundleError && error instanceof Error);
+    assert.equal(error.name, "BundleError");
+    assert.match(String(error), /^BundleError: bundle\/qa_config.json: invalid JSON/);
+    assert.ok(error.cause instanceof SyntaxError);
+    return true;
+  });
+  assert.throws(() => new BertTokenizer({ vocab: new Map(), lowercase: true, stripAccents: true }),
+    { name: "TokenizerError", message: "the vocabulary has no [CLS] token" });
+  assert.ok(new TokenizerError("x") instanceof Error);
 });

@@ -1,6 +1,7 @@
 // Latency of one ONNX question-answering session, the same code in Node (scripts/bench.mjs) and in a page
 // (bench/bench.js): batch 1, every token attended, p50/p90 of session.run over timed runs after warm-up ones.
 // performance.now() exists in both; in a cross-origin-isolated page Chromium gives it 5 µs resolution.
+// Not part of the npm package (package.json "files"): only the latency page and scripts/bench.mjs use it.
 
 /** numpy.percentile's default (linear interpolation between the closest ranks). */
 export function percentile(values, q) {
