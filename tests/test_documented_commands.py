@@ -1,0 +1,52 @@
+"""Every snakemake command line README.md and docs/ show plans as written (a dry run, in a copy of the project
+with the model folder and dev file the deploy commands name); docs/deploy.md's offline deploy runs in full in
+tests/test_deploy.py."""
+
+import os
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.documented_commands import documented_commands, project_copy
+from tests.test_deploy import tiny_qa_model_with_its_own_vocabulary
+
+# Commands a dry run cannot stand for, and where they are tested instead.
+NOT_DRY_RUN = {"--report": "needs a finished run: tests/test_pipeline_dag.py builds the HTML report",
+               "--unlock": "tests/dag_run.py runs the recovery commands after a kill"}
+
+
+@pytest.fixture(scope="module")
+def project(squad2_dev_sample_module, tmp_path_factory):
+    root = project_copy(tmp_path_factory.mktemp("documented") / "project")
+    (root / "my-dev.json").symlink_to(squad2_dev_sample_module)
+    tiny_qa_model_with_its_own_vocabulary(root / "my-qa-model", squad2_dev_sample_module)
+    return root
+
+
+@pytest.fixture(scope="module")
+def squad2_dev_sample_module():
+    from tests.conftest import SHARED_SQUAD_SAMPLE
+
+    if not SHARED_SQUAD_SAMPLE.is_file():
+        pytest.skip(f"real SQuAD sample not found at {SHARED_SQUAD_SAMPLE} (../shared is absent)")
+    return SHARED_SQUAD_SAMPLE
+
+
+def test_every_documented_snakemake_command_plans_as_written(project):
+    commands = documented_commands(".venv/bin/snakemake")
+    assert len(commands) >= 10 and {name for name, _ in commands} >= {"README.md", "deploy.md", "scale.md"}
+    planned = [(name, command) for name, command in commands if not any(flag in command for flag in NOT_DRY_RUN)]
+    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+    def dry_run(command: str) -> subprocess.CompletedProcess:
+        return subprocess.run(command + " -n", shell=True, cwd=project, env=environment, capture_output=True,
+                              text=True, timeout=300)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(dry_run, [command for _, command in planned]))
+    failed = [f"{name}: {command}\n{result.stdout[-1500:]}{result.stderr[-1500:]}"
+              for (name, command), result in zip(planned, results) if result.returncode != 0]
+    assert not failed, "\n\n".join(failed)
+    built = sorted(path.name for path in (project / "artifacts").iterdir())
+    assert built == ["README.md"]  # dry runs: nothing built beside the folder's committed README
