@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from pipeline.chunked_lm_loss import LmHeadLossWeights, VocabProjection, chunked_lm_head_losses
 from pipeline.losses import IGNORED_LABEL, mlm_distillation_terms, mlm_distillation_terms_in_chunks
+from tests.test_losses import DataDependentOps
 
 N_TOKENS, HIDDEN, TEACHER_HIDDEN, VOCAB = 40, 16, 24, 300
 MASKED_IN_TOKENS = torch.tensor([0, 3, 4, 11, 17, 18, 25, 38, 39])  # includes the first and last rows
@@ -195,6 +196,14 @@ def test_under_bf16_autocast_the_chunked_loss_is_as_close_to_fp32_as_today():
         chunked_error = (grad - exact).norm() / exact.norm()
         today_error = (today - exact).norm() / exact.norm()
         assert chunked_error < 1e-2 and chunked_error <= 1.5 * today_error
+
+
+def test_the_chunked_loss_never_reads_a_value_on_the_host():
+    # It runs every step of distill_pretrain: selecting the labelled rows and counting them stay on the device.
+    batch = batch_rows()
+    with DataDependentOps() as recorder:
+        chunked_terms(batch, False, 2.0, chunk_rows=8)["loss"].backward()
+    assert recorder.found == []
 
 
 def test_bad_chunk_sizes_are_refused():
