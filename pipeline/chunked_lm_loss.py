@@ -17,8 +17,8 @@ handful of [chunk_rows × vocab] fp32 tensors (logits, probabilities and their g
 Backward only scales the saved gradients by the incoming one, as Liger-Kernel's fused-linear chunked losses do
 (linkedin/Liger-Kernel ``chunked_loss/fused_linear_distillation.py``).
 
-Why not that library: ``liger-kernel`` declares ``triton`` as a requirement and imports it from its package
-``__init__``, a GPU dependency we will not add; and its distillation base applies the soft loss to the same
+Why not that library (liger-kernel 0.8.5): it requires ``triton``, the GPU kernel compiler, on every install, a
+GPU dependency this CPU-first project will not add; and its distillation base applies the soft loss to the same
 rows as the hard one, normalises it by their count and has no T² factor, while DistilBERT's soft term runs over
 every non-padding token and its MLM term over the masked ones only, each with its own mean.
 
