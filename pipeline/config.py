@@ -261,6 +261,11 @@ class DistillPretrainConfig:
     )
     smoothing_exponent: float = option(0.7, "Exponent of the token-frequency smoothing.", minimum=0.0)
     restrict_ce_to_mask: bool = option(False, "Compute L_ce only at masked positions (else all non-padding).")
+    chunked_loss_rows: int | None = option(
+        None, "Compute L_ce, L_mlm and L_mse with the student's vocabulary projection over chunks of this many "
+        "rows, gradients formed chunk by chunk (pipeline/chunked_lm_loss.py): the same loss within float rounding, "
+        "and no [tokens x vocab] logits of the whole batch held for backward. null: project all rows at once.",
+        minimum=1)
     max_seq_length: int = option(
         128, "Positions of a pretraining-distillation sequence: longer documents are cut into chunks of this many "
         "tokens with [CLS] and [SEP] (no text lost).", minimum=16)

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from transformers.models.bert.modeling_bert import BertSelfAttention
 from transformers.models.distilbert.modeling_distilbert import MultiHeadSelfAttention
 
+from pipeline.chunked_lm_loss import LmHeadLossWeights, VocabProjection, chunked_lm_head_losses
 from pipeline.students import teacher_layers_for_student
 
 # The weights of the DistilBERT pretraining objective, from the reference README command
@@ -189,6 +190,44 @@ def mlm_distillation_terms(
     if weights.get("mse", 0.0) > 0:
         terms["mse"] = logits_mse_loss(student_ce_logits, teacher_ce_logits)
     total = sum(weights.get(name, 0.0) * value for name, value in terms.items())
+    return {"loss": total, **terms}
+
+
+def mlm_distillation_terms_in_chunks(
+    student_ce_projection: VocabProjection,
+    teacher_ce_projection: VocabProjection,
+    masked_rows: Tensor | None,
+    masked_labels: Tensor,
+    student_token_hidden: Tensor,
+    teacher_token_hidden: Tensor,
+    weights: Mapping[str, float],
+    temperature: float,
+    chunk_rows: int,
+) -> dict[str, Tensor]:
+    """``mlm_distillation_terms`` with the vocabulary projection inside, over chunks of ``chunk_rows`` L_ce rows
+    (``chunked_lm_loss.chunked_lm_head_losses``): the same terms and gradients within float rounding, with no
+    ``[N, V]`` logits of the whole batch, and for the gradient nothing beyond one chunk's.
+
+    ``student_ce_projection``/``teacher_ce_projection``: the L_ce rows ``[N, H]`` as they enter each model's
+    vocabulary projection, with its weight and bias. The other arguments are ``mlm_distillation_terms``'s. Only
+    "loss" carries gradients; the other terms are detached (the training loop only logs them).
+    """
+    _check_weights(weights)
+    _check_temperature(temperature)
+    if masked_rows is None:  # the L_ce rows are the masked rows
+        row_labels = masked_labels
+    else:
+        n_rows = student_ce_projection.inputs.shape[0]
+        row_labels = masked_labels.new_full((n_rows,), IGNORED_LABEL).index_copy_(0, masked_rows, masked_labels)
+    head_weights = LmHeadLossWeights(ce=weights.get("ce", 0.0), mlm=weights.get("mlm", 0.0),
+                                     mse=weights.get("mse", 0.0))
+    head_terms = chunked_lm_head_losses(student_ce_projection, teacher_ce_projection, row_labels, temperature,
+                                        head_weights, chunk_rows, ignore_index=IGNORED_LABEL)
+    cos = hidden_rows_cosine_loss(student_token_hidden.float(), teacher_token_hidden.float())
+    total = head_terms.pop("loss") + weights.get("cos", 0.0) * cos
+    terms = {"ce": head_terms["ce"], "mlm": head_terms["mlm"], "cos": cos}
+    if "mse" in head_terms:
+        terms["mse"] = head_terms["mse"]
     return {"loss": total, **terms}
 
 

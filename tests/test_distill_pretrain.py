@@ -87,6 +87,36 @@ def test_the_stage_loss_is_the_tested_triple_loss_on_the_whole_grid(artifacts, r
         assert torch.allclose(terms[name], reference[name], atol=1e-5), name
 
 
+@pytest.mark.parametrize("restrict", [False, True])
+def test_the_chunked_loss_gives_the_stage_the_same_terms_and_gradients(artifacts, restrict):
+    # chunked_loss_rows only changes how much memory the vocabulary logits take: every term and every student
+    # gradient (encoder, head, the tied embeddings) must be today's within fp32 rounding (rtol 1e-5, atol 1e-6).
+    # 3 rows a chunk leaves a short last chunk.
+    student, teacher = models(artifacts)
+    student.eval()  # no dropout: both runs see the same activations
+    with torch.no_grad():
+        student.vocab_projector.bias.copy_(torch.randn(student.vocab_projector.bias.shape,
+                                                       generator=torch.Generator().manual_seed(0)))
+    batch = batch_for(artifacts)
+    results = {}
+    for chunk_rows in (None, 3):
+        cfg = DistillPretrainConfig(restrict_ce_to_mask=restrict, alpha_mse=0.01, chunked_loss_rows=chunk_rows)
+        student.zero_grad(set_to_none=True)
+        terms = distill_pretrain.distillation_terms(student, teacher, batch, cfg)
+        terms["loss"].backward()
+        assert all(p.grad is None for p in teacher.parameters())
+        results[chunk_rows] = ({name: value.detach() for name, value in terms.items()},
+                               {name: p.grad.clone() for name, p in student.named_parameters()})
+    (whole_terms, whole_grads), (chunked_terms, chunked_grads) = results[None], results[3]
+    assert chunked_terms.keys() == whole_terms.keys() == {"loss", "ce", "mlm", "cos", "mse"}
+    for name, value in whole_terms.items():
+        torch.testing.assert_close(chunked_terms[name], value, rtol=1e-5, atol=1e-6, msg=name)
+    assert chunked_grads.keys() == whole_grads.keys()
+    assert whole_grads["distilbert.transformer.layer.0.ffn.lin1.weight"].abs().sum() > 0
+    for name, grad in whole_grads.items():
+        torch.testing.assert_close(chunked_grads[name], grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
 def test_the_loss_takes_a_torch_compiled_student_encoder(artifacts):
     # train.torch_compile passes torch.compile(student.distilbert) as the student's forward; asking such a module
     # for its truth value calls its len(), which raises. The eager backend compiles nothing, so this runs on CPU.

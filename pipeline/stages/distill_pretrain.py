@@ -7,7 +7,9 @@ next-sentence prediction. Sequences come from the memory-mapped tokenized corpus
 token-budget batches.
 
 Memory: the vocabulary projection is applied only to the positions a loss reads (non-padding, or only the
-masked ones with restrict_ce_to_mask), never to the full [batch, sequence, vocab] grid.
+masked ones with restrict_ce_to_mask), never to the full [batch, sequence, vocab] grid; with chunked_loss_rows it
+runs over chunks of those rows (`losses.mlm_distillation_terms_in_chunks`), so no [rows, vocab] logits of the whole
+batch exist either.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from pipeline.artifacts import atomic_output_dir, atomic_write_json, fingerprint
 from pipeline.artifacts import verify_input_dirs
 from pipeline.config import DistillPretrainConfig, PipelineConfig, config_from_json
 from pipeline.corpus import TokenizedCorpus, token_budget_batches
-from pipeline.losses import mlm_distillation_terms
+from pipeline.chunked_lm_loss import VocabProjection
+from pipeline.losses import mlm_distillation_terms, mlm_distillation_terms_in_chunks
 from pipeline.masking import selection_weights_from_counts
 from pipeline.model_card import mlm_student_card, write_model_card
 from pipeline.mlm import MaskedBatchCollator, masked_token_accuracy, rows, special_token_ids
@@ -35,10 +38,14 @@ from pipeline.train import is_main_process, maybe_compile, prepare_run, process_
 logger = logging.getLogger(__name__)
 
 
+def student_mlm_head_transform(student: DistilBertForMaskedLM, hidden_rows: torch.Tensor) -> torch.Tensor:
+    """DistilBERT's MLM head up to its vocabulary projection, on selected hidden rows [N, H] -> [N, H]."""
+    return student.vocab_layer_norm(student.activation(student.vocab_transform(hidden_rows)))
+
+
 def student_mlm_logits(student: DistilBertForMaskedLM, hidden_rows: torch.Tensor) -> torch.Tensor:
     """DistilBERT's MLM head on selected hidden rows [N, H] -> [N, V]."""
-    transformed = student.activation(student.vocab_transform(hidden_rows))
-    return student.vocab_projector(student.vocab_layer_norm(transformed))
+    return student.vocab_projector(student_mlm_head_transform(student, hidden_rows))
 
 
 def loss_weights(cfg: DistillPretrainConfig) -> dict[str, float]:
@@ -60,14 +67,28 @@ def distillation_terms(
     with torch.no_grad():
         teacher_hidden = teacher.bert(**inputs).last_hidden_state
     ce_positions = batch["masked_positions"] if cfg.restrict_ce_to_mask else batch["token_positions"]
+    masked_rows = None if cfg.restrict_ce_to_mask else batch["masked_in_tokens"]
+    student_token_hidden = rows(student_hidden, batch["token_positions"])
+    teacher_token_hidden = rows(teacher_hidden, batch["token_positions"])
+    if cfg.chunked_loss_rows is not None:
+        # Only the vocabulary projection is chunked: the head's layers before it are [N, H], as small as the
+        # encoder's activations, and stay in autograd.
+        student_projection = VocabProjection(student_mlm_head_transform(student, rows(student_hidden, ce_positions)),
+                                             student.vocab_projector.weight, student.vocab_projector.bias)
+        teacher_head = teacher.cls.predictions
+        with torch.no_grad():
+            teacher_projection = VocabProjection(teacher_head.transform(rows(teacher_hidden, ce_positions)),
+                                                 teacher_head.decoder.weight, teacher_head.decoder.bias)
+        return mlm_distillation_terms_in_chunks(
+            student_projection, teacher_projection, masked_rows, batch["masked_labels"],
+            student_token_hidden, teacher_token_hidden, loss_weights(cfg), cfg.temperature, cfg.chunked_loss_rows,
+        )
     student_logits = student_mlm_logits(student, rows(student_hidden, ce_positions))
     with torch.no_grad():
         teacher_logits = teacher.cls(rows(teacher_hidden, ce_positions))
     return mlm_distillation_terms(
-        student_logits, teacher_logits,
-        None if cfg.restrict_ce_to_mask else batch["masked_in_tokens"], batch["masked_labels"],
-        rows(student_hidden, batch["token_positions"]), rows(teacher_hidden, batch["token_positions"]),
-        loss_weights(cfg), cfg.temperature,
+        student_logits, teacher_logits, masked_rows, batch["masked_labels"],
+        student_token_hidden, teacher_token_hidden, loss_weights(cfg), cfg.temperature,
     )
 
 
