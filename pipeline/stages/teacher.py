@@ -75,6 +75,7 @@ def run_pretrain(cfg: PipelineConfig, corpus_dir: Path, tokenizer_dir: Path, out
         fingerprint=run_id, description="teacher_pretrain",
         batch_plan=lambda epoch: token_budget_batches(sequences.sequence_lengths(), max_tokens, cfg.seed, epoch,
                                                       world_size),
+        example_tokens=sequences.sequence_lengths(),  # the collate's loss_tokens: every real token of a sequence
     )
     if not is_main_process():
         return result.as_metrics()  # evaluation and outputs are rank 0's
