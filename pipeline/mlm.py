@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from pipeline.masking import mask_tokens
+from pipeline.packed_encoder import pack_masked_batch
 
 
 def special_token_ids(tokenizer: Any) -> list[int]:
@@ -27,15 +28,20 @@ class MaskedBatchCollator:
     token_positions (flat indices of the non-padding positions), masked_positions (flat indices of the selected
     ones), masked_labels (their true ids), masked_in_tokens (where each selected position sits among
     token_positions); n_tokens and loss_tokens (host integers: real tokens, for throughput and per-token loss
-    weighting)."""
+    weighting).
 
-    def __init__(self, tokenizer: Any, mlm_probability: float, selection_weights: torch.Tensor | None = None):
+    With `pack_to_multiple_of`, the same masked batch comes packed: one flat sequence of its real tokens with
+    cumulative sequence lengths, padded to a multiple of that many tokens (pipeline.packed_encoder)."""
+
+    def __init__(self, tokenizer: Any, mlm_probability: float, selection_weights: torch.Tensor | None = None,
+                 pack_to_multiple_of: int | None = None):
         self.cls_id, self.sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
         self.pad_id, self.mask_id = tokenizer.pad_token_id, tokenizer.mask_token_id
         self.vocab_size = len(tokenizer)
         self.special_ids = torch.tensor(special_token_ids(tokenizer))
         self.mlm_probability = mlm_probability
         self.selection_weights = None if selection_weights is None else selection_weights.cpu()
+        self.pack_to_multiple_of = pack_to_multiple_of
 
     def __call__(self, sequences: Sequence[np.ndarray], generator: torch.Generator | None = None) -> dict:
         batch = self.pad(sequences)
@@ -46,7 +52,7 @@ class MaskedBatchCollator:
         flat_labels = labels.flatten()
         token_positions = batch["attention_mask"].flatten().nonzero().squeeze(1)
         masked_positions = flat_labels.ne(-100).nonzero().squeeze(1)
-        return {
+        padded = {
             "input_ids": masked,
             "attention_mask": batch["attention_mask"],
             "labels": labels,
@@ -57,6 +63,9 @@ class MaskedBatchCollator:
             "n_tokens": len(token_positions),
             "loss_tokens": len(token_positions),
         }
+        if self.pack_to_multiple_of:
+            return pack_masked_batch(padded, self.pad_id, self.pack_to_multiple_of)
+        return padded
 
     def pad(self, sequences: Sequence[np.ndarray]) -> dict[str, torch.Tensor]:
         """[CLS] ids [SEP], right-padded to the batch's longest; special_tokens_mask marks what is never masked."""
@@ -101,6 +110,7 @@ def masked_token_accuracy(
     generator = torch.Generator().manual_seed(seed)
     uniform = copy.copy(collator)
     uniform.selection_weights = None
+    uniform.pack_to_multiple_of = None  # scored by the Hugging Face models themselves, on padded batches
     correct = {name: 0 for name in models}
     total = 0
     states = {name: model.training for name, model in models.items()}
