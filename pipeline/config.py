@@ -121,7 +121,8 @@ class TrainConfig:
     keep_checkpoints: int = option(1, "How many recent checkpoints to keep.", minimum=1)
     device: Literal["auto", "cpu", "cuda"] = option("auto", "auto: CUDA when available, else CPU.")
     bf16: bool = option(True, "bf16 autocast on CUDA (ignored on CPU).")
-    torch_compile: bool = option(False, "torch.compile the trained model (CUDA runs).")
+    torch_compile: bool = option(
+        False, "torch.compile the trained model (CUDA runs); distill_pretrain compiles its frozen teacher's encoder too.")
     group_by_length: bool = option(
         True,
         "Batch examples of similar length together (transformers' length-grouped sampling: shuffled mega-batches "
@@ -266,6 +267,15 @@ class DistillPretrainConfig:
     run_random_init_ablation: bool = option(
         True, "Target `study` also distills a randomly initialised student with the same budget (the ablation)."
     )
+    packed_attention: bool = option(
+        False, "Run teacher and student on each micro-batch's real tokens only: one flat sequence with cumulative "
+        "sequence lengths, one fused Q/K/V projection per layer and variable-length attention (flash attention's "
+        "varlen kernel on CUDA; pipeline/packed_encoder.py). The same batches, masks, dropout and objective as the "
+        "padded path, and the saved student is a plain DistilBertForMaskedLM.")
+    packed_tokens_multiple_of: int = option(
+        64, "With packed_attention: a micro-batch's flat token count is padded up to a multiple of this, so "
+        "torch.compile and CUDA graphs see few shapes; the padding is a sequence of its own that no loss reads.",
+        minimum=1)
     train: TrainConfig = option(_default_distill_pretrain_train, "The training run.")
 
     def __post_init__(self) -> None:

@@ -7,7 +7,8 @@ next-sentence prediction. Sequences come from the memory-mapped tokenized corpus
 token-budget batches.
 
 Memory: the vocabulary projection is applied only to the positions a loss reads (non-padding, or only the
-masked ones with restrict_ce_to_mask), never to the full [batch, sequence, vocab] grid.
+masked ones with restrict_ce_to_mask), never to the full [batch, sequence, vocab] grid. With packed_attention both
+models run on the real tokens only (pipeline/packed_encoder.py): the same batches and masks, no padding computed.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import shutil
 from pathlib import Path
 
 import torch
+from torch.nn import Module
 from transformers import AutoTokenizer, BertForMaskedLM, DistilBertForMaskedLM
 
 from pipeline.artifacts import atomic_output_dir, atomic_write_json, fingerprint, setup_logging, to_plain
@@ -29,6 +31,7 @@ from pipeline.losses import mlm_distillation_terms
 from pipeline.masking import selection_weights_from_counts
 from pipeline.model_card import mlm_student_card, write_model_card
 from pipeline.mlm import MaskedBatchCollator, masked_token_accuracy, rows, special_token_ids
+from pipeline.packed_encoder import PackedBertEncoder, PackedDistilBertEncoder, encoder_inputs
 from pipeline.students import freeze
 from pipeline.train import is_main_process, maybe_compile, prepare_run, process_group_from_env, train, use_bf16
 
@@ -45,20 +48,33 @@ def loss_weights(cfg: DistillPretrainConfig) -> dict[str, float]:
     return {"ce": cfg.alpha_ce, "mlm": cfg.alpha_mlm, "cos": cfg.alpha_cos, "mse": cfg.alpha_mse}
 
 
+def encoders(student: DistilBertForMaskedLM, teacher: BertForMaskedLM, packed: bool) -> tuple[Module, Module]:
+    """The student's and the teacher's encoder: the Hugging Face modules themselves on padded batches, or the
+    packed encoders over them (the same parameters) on packed ones."""
+    if packed:
+        return PackedDistilBertEncoder(student.distilbert), PackedBertEncoder(teacher.bert)
+    return student.distilbert, teacher.bert
+
+
 def distillation_terms(
     student: DistilBertForMaskedLM,
     teacher: BertForMaskedLM,
     batch: dict[str, torch.Tensor],
     cfg: DistillPretrainConfig,
     student_forward=None,
+    teacher_forward=None,
 ) -> dict[str, torch.Tensor]:
-    """Both models on a masked batch (MaskedBatchCollator's keys), then the triple loss on the rows it reads."""
+    """Both models on a masked batch (MaskedBatchCollator's keys, padded or packed), then the triple loss on the
+    rows it reads. The forwards default to `encoders(...)` for the batch's layout."""
     # `is None`, not `or`: the truth value of a torch.compile'd module is its len(), which raises.
-    student_forward = student.distilbert if student_forward is None else student_forward
-    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    if student_forward is None or teacher_forward is None:
+        default_student, default_teacher = encoders(student, teacher, packed="cu_seqlens" in batch)
+        student_forward = default_student if student_forward is None else student_forward
+        teacher_forward = default_teacher if teacher_forward is None else teacher_forward
+    inputs = encoder_inputs(batch)
     student_hidden = student_forward(**inputs).last_hidden_state
     with torch.no_grad():
-        teacher_hidden = teacher.bert(**inputs).last_hidden_state
+        teacher_hidden = teacher_forward(**inputs).last_hidden_state
     ce_positions = batch["masked_positions"] if cfg.restrict_ce_to_mask else batch["token_positions"]
     student_logits = student_mlm_logits(student, rows(student_hidden, ce_positions))
     with torch.no_grad():
@@ -88,7 +104,9 @@ def run(
     if use_bf16(dcfg.train, device):
         # Frozen: bf16 weights halve its memory and time; only where the loop itself trains under bf16 autocast.
         teacher = teacher.to(torch.bfloat16)
-    student_forward = maybe_compile(student.distilbert, dcfg.train, device)
+    student_encoder, teacher_encoder = encoders(student, teacher, dcfg.packed_attention)
+    student_forward = maybe_compile(student_encoder, dcfg.train, device)
+    teacher_forward = maybe_compile(teacher_encoder, dcfg.train, device)
 
     corpus = TokenizedCorpus(corpus_dir)
     if corpus.vocab_size != len(tokenizer):
@@ -99,12 +117,13 @@ def run(
     if dcfg.token_frequency_smoothing:
         selection_weights = selection_weights_from_counts(
             corpus.token_counts(), special_token_ids(tokenizer), dcfg.smoothing_exponent)
-    collator = MaskedBatchCollator(tokenizer, dcfg.mlm_mask_prop, selection_weights)
+    collator = MaskedBatchCollator(tokenizer, dcfg.mlm_mask_prop, selection_weights,
+                                   dcfg.packed_tokens_multiple_of if dcfg.packed_attention else None)
     max_tokens = dcfg.train.max_tokens_per_batch or dcfg.train.batch_size * dcfg.max_seq_length
     world_size = process_group_from_env().world_size
 
     def compute_loss(batch):
-        return distillation_terms(student, teacher, batch, dcfg, student_forward)
+        return distillation_terms(student, teacher, batch, dcfg, student_forward, teacher_forward)
 
     run_id = fingerprint(
         "distill_pretrain", to_plain(dcfg), cfg.seed, str(teacher_source), files=[corpus_dir, student_dir],
