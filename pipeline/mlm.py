@@ -14,7 +14,6 @@ import numpy as np
 import torch
 
 from pipeline.masking import mask_tokens
-from pipeline.packed_encoder import pack_masked_batch
 
 
 def special_token_ids(tokenizer: Any) -> list[int]:
@@ -80,6 +79,45 @@ class MaskedBatchCollator:
             attention_mask[row, : n + 2] = 1
         special_tokens_mask = torch.isin(input_ids, self.special_ids)
         return {"input_ids": input_ids, "attention_mask": attention_mask, "special_tokens_mask": special_tokens_mask}
+
+
+def pack_masked_batch(batch: dict, pad_token_id: int, tokens_multiple_of: int) -> dict:
+    """A padded, masked batch (MaskedBatchCollator's keys) as one flat sequence of its real tokens, the input of
+    pipeline.packed_encoder.
+
+    Keys: input_ids, position_ids, labels [T] (T = the real tokens rounded up to a multiple of
+    tokens_multiple_of); cu_seqlens int32 [sequences + 1] (the padding, when there is some, is one more sequence);
+    max_seqlen (host int); and the row indices every loss reads, unchanged in meaning: real token k of the padded
+    batch (in row-major order) is flat token k, so token_positions is 0..n-1 and masked_positions is the padded
+    batch's masked_in_tokens. Masks, labels, n_tokens and loss_tokens are the padded batch's."""
+    real = batch["attention_mask"].bool()
+    lengths = real.sum(dim=1).tolist()
+    n_real = sum(lengths)
+    n_tokens = -(-n_real // tokens_multiple_of) * tokens_multiple_of
+    padding = n_tokens - n_real
+    sequence_lengths = lengths + ([padding] if padding else [])
+
+    input_ids = torch.full((n_tokens,), pad_token_id, dtype=torch.long)
+    input_ids[:n_real] = batch["input_ids"][real]
+    labels = torch.full((n_tokens,), -100, dtype=torch.long)
+    labels[:n_real] = batch["labels"][real]
+    position_ids = torch.zeros(n_tokens, dtype=torch.long)  # padding tokens sit at position 0
+    position_ids[:n_real] = torch.arange(real.shape[1]).expand_as(real)[real]
+    cu_seqlens = torch.zeros(len(sequence_lengths) + 1, dtype=torch.int32)
+    cu_seqlens[1:] = torch.tensor(sequence_lengths).cumsum(0)
+    return {
+        "input_ids": input_ids,
+        "position_ids": position_ids,
+        "cu_seqlens": cu_seqlens,
+        "max_seqlen": max(sequence_lengths),
+        "labels": labels,
+        "token_positions": torch.arange(n_real),
+        "masked_positions": batch["masked_in_tokens"],
+        "masked_labels": batch["masked_labels"],
+        "masked_in_tokens": batch["masked_in_tokens"],
+        "n_tokens": batch["n_tokens"],
+        "loss_tokens": batch["loss_tokens"],
+    }
 
 
 def rows(hidden: torch.Tensor, flat_positions: torch.Tensor) -> torch.Tensor:

@@ -21,9 +21,9 @@ Attention, by device:
   attended by SDPA under a key-padding mask, and gathered back: a per-sequence loop as one batched call, with the
   attention cost of the padded batch and every other operation on real tokens only.
 
-Static shapes: `pack_masked_batch` pads the flat token count up to a multiple of `tokens_multiple_of`, so
-torch.compile and CUDA graphs see few token counts. The padding tokens form a sequence of their own (they attend
-only to each other) that no loss reads.
+Static shapes: `pipeline.mlm.pack_masked_batch` pads the flat token count up to a multiple of
+`tokens_multiple_of`, so torch.compile and CUDA graphs see few token counts. The padding tokens form a sequence of
+their own (they attend only to each other) that no loss reads.
 """
 
 from __future__ import annotations
@@ -36,50 +36,9 @@ from torch import Tensor, nn
 from transformers import BertModel, DistilBertModel
 from transformers.modeling_outputs import BaseModelOutput
 
-IGNORED_LABEL = -100  # Hugging Face convention: labels of unmasked tokens are -100
-
-
 # ---------------------------------------------------------------------------------------------------------------
-# The packed batch
+# Inputs (a packed batch is built by pipeline.mlm.pack_masked_batch)
 # ---------------------------------------------------------------------------------------------------------------
-
-
-def pack_masked_batch(batch: dict, pad_token_id: int, tokens_multiple_of: int) -> dict:
-    """A padded, masked batch (pipeline.mlm.MaskedBatchCollator's keys) as one flat sequence of its real tokens.
-
-    Keys: input_ids, position_ids, labels [T] (T = the real tokens rounded up to a multiple of
-    tokens_multiple_of); cu_seqlens int32 [sequences + 1] (the padding, when there is some, is one more sequence);
-    max_seqlen (host int); and the row indices every loss reads, unchanged in meaning: real token k of the padded
-    batch (in row-major order) is flat token k, so token_positions is 0..n-1 and masked_positions is the padded
-    batch's masked_in_tokens. Masks, labels, n_tokens and loss_tokens are the padded batch's."""
-    real = batch["attention_mask"].bool()
-    lengths = real.sum(dim=1).tolist()
-    n_real = sum(lengths)
-    n_tokens = -(-n_real // tokens_multiple_of) * tokens_multiple_of
-    padding = n_tokens - n_real
-    sequence_lengths = lengths + ([padding] if padding else [])
-
-    input_ids = torch.full((n_tokens,), pad_token_id, dtype=torch.long)
-    input_ids[:n_real] = batch["input_ids"][real]
-    labels = torch.full((n_tokens,), IGNORED_LABEL, dtype=torch.long)
-    labels[:n_real] = batch["labels"][real]
-    position_ids = torch.zeros(n_tokens, dtype=torch.long)  # padding tokens sit at position 0
-    position_ids[:n_real] = torch.arange(real.shape[1]).expand_as(real)[real]
-    cu_seqlens = torch.zeros(len(sequence_lengths) + 1, dtype=torch.int32)
-    cu_seqlens[1:] = torch.tensor(sequence_lengths).cumsum(0)
-    return {
-        "input_ids": input_ids,
-        "position_ids": position_ids,
-        "cu_seqlens": cu_seqlens,
-        "max_seqlen": max(sequence_lengths),
-        "labels": labels,
-        "token_positions": torch.arange(n_real),
-        "masked_positions": batch["masked_in_tokens"],
-        "masked_labels": batch["masked_labels"],
-        "masked_in_tokens": batch["masked_in_tokens"],
-        "n_tokens": batch["n_tokens"],
-        "loss_tokens": batch["loss_tokens"],
-    }
 
 
 def encoder_inputs(batch: dict) -> dict:
@@ -160,7 +119,8 @@ def _grid_attention(query: Tensor, key: Tensor, value: Tensor, layout: SequenceL
 
     context = F.scaled_dot_product_attention(to_grid(query), to_grid(key), to_grid(value),
                                              attn_mask=layout.key_is_real[:, None, None, :], dropout_p=dropout_p)
-    return context.transpose(1, 2).reshape(n_sequences * max_seqlen, n_heads, head_size).index_select(0, layout.grid_rows)
+    context = context.transpose(1, 2).reshape(n_sequences * max_seqlen, n_heads, head_size)
+    return context.index_select(0, layout.grid_rows)
 
 
 def _attention_dropout(module: nn.Module, probability: float) -> float:

@@ -419,15 +419,20 @@ class LossComputation(torch.nn.Module):
 
 def wrap_for_processes(
     module: torch.nn.Module, compute_loss: Callable, group: ProcessGroup, device: torch.device,
-    find_unused_parameters: bool = False,
+    find_unused_parameters: bool = False, static_graph: bool = False,
 ) -> torch.nn.Module:
-    """The loss computation, under DDP when there are several processes."""
+    """The loss computation, under DDP when there are several processes.
+
+    Gradients are views into DDP's all-reduce buckets (gradient_as_bucket_view): no second copy of every gradient.
+    `static_graph` tells DDP that every step runs the same graph; the loop passes it only without gradient
+    accumulation: with `no_sync` micro-batches, torch 2.13's DDP fails its first backward under static_graph
+    (reducer.cpp `expect_autograd_hooks_` assertion, pytorch/pytorch#143580)."""
     computation = LossComputation(module, compute_loss)
     if not group.distributed:
         return computation
     return torch.nn.parallel.DistributedDataParallel(
         computation, device_ids=[device.index] if device.type == "cuda" else None,
-        find_unused_parameters=find_unused_parameters,
+        find_unused_parameters=find_unused_parameters, gradient_as_bucket_view=True, static_graph=static_graph,
     )
 
 
@@ -505,6 +510,13 @@ def all_ranks_sum_tensors(
 def barrier(group: ProcessGroup) -> None:
     if group.distributed:
         torch.distributed.barrier()
+
+
+def once_per_node(action: Callable[[], Any], group: ProcessGroup) -> None:
+    """Run `action` in each node's first process (local rank 0) while every other rank waits for it."""
+    if group.local_rank == 0:
+        action()
+    barrier(group)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -665,6 +677,7 @@ def train(
     batch_plan: EpochPlan | None = None,
     example_tokens: Sequence[int] | None = None,
     find_unused_parameters: bool = False,
+    static_graph: bool = False,
     final: bool = True,
 ) -> TrainResult:
     """Train `module` (every parameter that requires grad) by minimising compute_loss(batch)["loss"].
@@ -678,6 +691,9 @@ def train(
     whole step, across gradient accumulation and ranks: every micro-batch's loss counts by its share of the step's
     tokens, computed from the batch plan on the host (planned_token_weights). Without it each micro-batch counts
     1 / grad_accum_steps.
+
+    `static_graph`: the stage runs the same modules and loss terms in every micro-batch, so DDP may treat the graph
+    as static (applied only when grad_accum_steps is 1; see wrap_for_processes).
 
     Under a launcher with several processes every rank returns; the process group is destroyed after the
     stage's last training (``final``), and a stage that trains again afterwards passes ``final=False``.
@@ -704,7 +720,8 @@ def train(
 
     start_step = _find_and_load_checkpoint(checkpoint_dir, fingerprint, module, optimizer, scheduler, device,
                                            group, scaler)
-    loss_computation = wrap_for_processes(module, compute_loss, group, device, find_unused_parameters)
+    loss_computation = wrap_for_processes(module, compute_loss, group, device, find_unused_parameters,
+                                          static_graph=static_graph and cfg.grad_accum_steps == 1)
     if group.is_main:
         if start_step:
             logger.info("%s: resuming from step %d of %d", description, start_step, total_steps)

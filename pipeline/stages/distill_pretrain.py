@@ -26,14 +26,16 @@ from transformers import AutoTokenizer, BertForMaskedLM, DistilBertForMaskedLM
 from pipeline.artifacts import atomic_output_dir, atomic_write_json, fingerprint, setup_logging, to_plain
 from pipeline.artifacts import verify_input_dirs
 from pipeline.config import DistillPretrainConfig, PipelineConfig, config_from_json
-from pipeline.corpus import TokenizedCorpus, token_budget_batches
+from pipeline.corpus import TokenizedCorpus, copy_ids_to_node, node_local_ids_path, token_budget_batches
 from pipeline.losses import mlm_distillation_terms
 from pipeline.masking import selection_weights_from_counts
 from pipeline.model_card import mlm_student_card, write_model_card
 from pipeline.mlm import MaskedBatchCollator, masked_token_accuracy, rows, special_token_ids
 from pipeline.packed_encoder import PackedBertEncoder, PackedDistilBertEncoder, encoder_inputs
 from pipeline.students import freeze
-from pipeline.train import is_main_process, maybe_compile, prepare_run, process_group_from_env, train, use_bf16
+from pipeline.train import (
+    is_main_process, maybe_compile, once_per_node, prepare_run, process_group_from_env, train, use_bf16,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +96,7 @@ def run(
     corpus_dir: Path,
     out_dir: Path,
     work_dir: Path,
+    node_local_dir: str | None = None,
 ) -> dict:
     verify_input_dirs(student_dir, teacher_source, corpus_dir)
     dcfg = cfg.distill_pretrain
@@ -108,7 +111,11 @@ def run(
     student_forward = maybe_compile(student_encoder, dcfg.train, device)
     teacher_forward = maybe_compile(teacher_encoder, dcfg.train, device)
 
-    corpus = TokenizedCorpus(corpus_dir)
+    ids_path = None
+    if node_local_dir:  # every rank reads the ids from its node's own disk, copied there once per node
+        once_per_node(lambda: copy_ids_to_node(corpus_dir, node_local_dir), process_group_from_env())
+        ids_path = node_local_ids_path(corpus_dir, node_local_dir)
+    corpus = TokenizedCorpus(corpus_dir, ids_path)
     if corpus.vocab_size != len(tokenizer):
         raise ValueError(f"{corpus_dir}: tokenized with a vocabulary of {corpus.vocab_size}, but the student's "
                          f"tokenizer has {len(tokenizer)}")
@@ -135,6 +142,7 @@ def run(
         batch_plan=lambda epoch: token_budget_batches(sequences.sequence_lengths(), max_tokens, cfg.seed, epoch,
                                                       world_size),
         example_tokens=sequences.sequence_lengths(),  # the collate's loss_tokens: every real token of a sequence
+        static_graph=True,  # the same modules and loss terms in every micro-batch
     )
     if not is_main_process():
         return result.as_metrics()  # evaluation and outputs are rank 0's
@@ -175,8 +183,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--corpus-dir", required=True, type=Path, help="output of tokenize_corpus")
     parser.add_argument("--out-dir", required=True, type=Path)
     parser.add_argument("--work-dir", required=True, type=Path, help="checkpoints and live training log")
+    parser.add_argument("--node-local-dir", default="", help="copy the corpus's ids.bin to this node-local folder "
+                        "and read it there ('': read it in place)")
     args = parser.parse_args(argv)
     setup_logging()
     run(config_from_json(args.config_json), args.student_dir, args.teacher, args.corpus_dir, args.out_dir,
-        args.work_dir)
+        args.work_dir, args.node_local_dir or None)
     return 0
