@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -580,11 +581,18 @@ class ComputeConfig:
     gpus: int = option(0, "GPUs each training rule requests (resources: gpu); 0 runs on CPU.", minimum=0)
     processes: int = option(
         1,
-        "Training processes per training rule. 1: a plain `python -m pipeline` process; N > 1: `torchrun "
-        "--nproc_per_node N` (PyTorch DDP: NCCL on GPUs, one process per GPU; gloo on CPU). The effective batch "
-        "is batch_size x processes x grad_accum_steps.",
+        "Training processes per training rule (per node with nodes > 1). 1: a plain `python -m pipeline` process; "
+        "N > 1: `torchrun --nproc_per_node N` (PyTorch DDP: NCCL on GPUs, one process per GPU; gloo on CPU). The "
+        "effective batch is batch_size x processes x grad_accum_steps.",
         minimum=1,
     )
+    nodes: int = option(
+        1, "Machines per training rule, each running `processes` processes. N > 1 (SLURM): the rule asks for N nodes "
+        "and its own `srun` starts one `torchrun --nnodes N --nproc-per-node <processes> --rdzv-backend c10d` per "
+        "node; the effective batch is batch_size x nodes x processes x grad_accum_steps.", minimum=1)
+    rdzv_endpoint: str | None = option(
+        None, "HOST:PORT where the nodes' torchrun agents meet (c10d rendezvous) when nodes > 1. null: port 29500 "
+        "on the first node of the SLURM allocation, looked up by the job's shell when it starts.")
     mixed_precision: Literal["no", "bf16", "fp16"] = option(
         "bf16", "Autocast precision of training on CUDA (fp16 adds loss scaling); CPU training is always fp32."
     )
@@ -601,6 +609,8 @@ class ComputeConfig:
         "exports hold several copies of the model).", minimum=100)
 
     def __post_init__(self) -> None:
+        if self.rdzv_endpoint is not None and not re.fullmatch(r"[A-Za-z0-9_.\-]+:[0-9]{1,5}", self.rdzv_endpoint):
+            raise ConfigError(f"compute.rdzv_endpoint: {self.rdzv_endpoint!r} is not HOST:PORT")
         if self.gpus and self.processes != self.gpus:
             raise ConfigError(
                 f"compute.processes: {self.processes} processes for compute.gpus {self.gpus}; DDP runs one process "
