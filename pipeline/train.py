@@ -23,6 +23,7 @@ micro-batches stream to the device one at a time with no collective before the s
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import logging
@@ -706,6 +707,8 @@ def train(
     if batch_plan is None:
         lengths = example_lengths if cfg.group_by_length else None
         batch_plan = examples_per_batch_plan(len(examples), cfg.batch_size, seed, group.world_size, lengths)
+    # The step count, the loader and the token weights all read each epoch's plan: build it once, keep one epoch.
+    batch_plan = functools.lru_cache(maxsize=1)(batch_plan)
     batches_per_epoch = len(rank_batches(batch_plan, 0, group))
     total_steps, total_micro_batches = count_optimizer_steps(cfg, batches_per_epoch)
     optimizer = build_optimizer(module, cfg, device)
