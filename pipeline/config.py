@@ -275,7 +275,7 @@ class DistillPretrainConfig:
         "padded path, and the saved student is a plain DistilBertForMaskedLM.")
     packed_tokens_multiple_of: int = option(
         64, "With packed_attention: a micro-batch's flat token count is padded up to a multiple of this, so "
-        "torch.compile and CUDA graphs see few shapes; the padding is a sequence of its own that no loss reads.",
+        "torch.compile and CUDA graphs see few shapes; the padding forms sequences of its own that no loss reads.",
         minimum=1)
     train: TrainConfig = option(_default_distill_pretrain_train, "The training run.")
 

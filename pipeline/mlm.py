@@ -86,16 +86,18 @@ def pack_masked_batch(batch: dict, pad_token_id: int, tokens_multiple_of: int) -
     pipeline.packed_encoder.
 
     Keys: input_ids, position_ids, labels [T] (T = the real tokens rounded up to a multiple of
-    tokens_multiple_of); cu_seqlens int32 [sequences + 1] (the padding, when there is some, is one more sequence);
-    max_seqlen (host int); and the row indices every loss reads, unchanged in meaning: real token k of the padded
-    batch (in row-major order) is flat token k, so token_positions is 0..n-1 and masked_positions is the padded
-    batch's masked_in_tokens. Masks, labels, n_tokens and loss_tokens are the padded batch's."""
+    tokens_multiple_of); cu_seqlens int32 [sequences + 1], where the padding, when there is some, is cut into
+    sequences of its own no longer than the batch's longest (so it never widens the attention); max_seqlen (host
+    int, the longest sequence); and the row indices every loss reads, unchanged in meaning: real token k of the
+    padded batch (in row-major order) is flat token k, so token_positions is 0..n-1 and masked_positions is the
+    padded batch's masked_in_tokens. Masks, labels, n_tokens and loss_tokens are the padded batch's."""
     real = batch["attention_mask"].bool()
     lengths = real.sum(dim=1).tolist()
-    n_real = sum(lengths)
+    n_real, longest = sum(lengths), max(lengths)
     n_tokens = -(-n_real // tokens_multiple_of) * tokens_multiple_of
     padding = n_tokens - n_real
-    sequence_lengths = lengths + ([padding] if padding else [])
+    padding_lengths = [longest] * (padding // longest) + ([padding % longest] if padding % longest else [])
+    sequence_lengths = lengths + padding_lengths
 
     input_ids = torch.full((n_tokens,), pad_token_id, dtype=torch.long)
     input_ids[:n_real] = batch["input_ids"][real]
@@ -109,7 +111,7 @@ def pack_masked_batch(batch: dict, pad_token_id: int, tokens_multiple_of: int) -
         "input_ids": input_ids,
         "position_ids": position_ids,
         "cu_seqlens": cu_seqlens,
-        "max_seqlen": max(sequence_lengths),
+        "max_seqlen": longest,
         "labels": labels,
         "token_positions": torch.arange(n_real),
         "masked_positions": batch["masked_in_tokens"],

@@ -22,8 +22,8 @@ Attention, by device:
   attention cost of the padded batch and every other operation on real tokens only.
 
 Static shapes: `pipeline.mlm.pack_masked_batch` pads the flat token count up to a multiple of
-`tokens_multiple_of`, so torch.compile and CUDA graphs see few token counts. The padding tokens form a sequence of
-their own (they attend only to each other) that no loss reads.
+`tokens_multiple_of`, so torch.compile and CUDA graphs see few token counts. The padding tokens form sequences of
+their own (they attend only to each other), none longer than the batch's longest, and no loss reads them.
 """
 
 from __future__ import annotations

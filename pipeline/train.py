@@ -784,7 +784,7 @@ def train(
             interval_micro_batches += 1
             interval_tokens += tokens
             total_tokens += tokens
-            del batch, terms, loss  # the next micro-batch's activations need the room
+            del batch, terms, loss  # this micro-batch's device tensors go before the next one is copied
         scaler.unscale_(optimizer)
         if cfg.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.max_grad_norm)

@@ -148,6 +148,8 @@ def test_padding_tokens_change_no_real_token():
         exact = batches(multiple_of=1)["packed"]
         padded_up = batches(multiple_of=64)["packed"]
         assert exact["input_ids"].shape[0] == 83 and padded_up["input_ids"].shape[0] == 128
+        # 45 padding tokens: sequences of at most the longest real one (32), so the attention is no wider.
+        assert padded_up["cu_seqlens"].diff()[-2:].tolist() == [32, 13] and padded_up["max_seqlen"] == 32
         first = packed_encoder(**encoder_inputs(exact)).last_hidden_state[0, :83]
         second = packed_encoder(**encoder_inputs(padded_up)).last_hidden_state[0, :83]
     torch.testing.assert_close(first, second, atol=ATOL, rtol=0)
