@@ -176,11 +176,16 @@ def test_the_jagged_attention_of_cuda_runs_computes_the_cpu_grids_attention():
     # The CUDA path (nested tensors through SDPA) runs here on the CPU's math kernel: same layout, same result.
     cu_seqlens = torch.tensor([0, 7, 19, 28, 31], dtype=torch.int32)
     generator = torch.Generator().manual_seed(0)
-    query, key, value = (torch.randn(31, 4, 8, generator=generator) for _ in range(3))
+    query, key, value = (torch.randn(31, 4, 8, generator=generator, requires_grad=True) for _ in range(3))
     layout = sequence_layout(cu_seqlens, 12, 31)
     on_grid = _grid_attention(query, key, value, layout, dropout_p=0.0)
     jagged = _jagged_attention(query, key, value, layout, dropout_p=0.0)
     torch.testing.assert_close(jagged, on_grid, atol=ATOL, rtol=0)
+    grid_gradients = torch.autograd.grad(on_grid.pow(2).sum(), (query, key, value))
+    jagged_gradients = torch.autograd.grad(jagged.pow(2).sum(), (query, key, value))
+    for expected, actual in zip(grid_gradients, jagged_gradients):
+        torch.testing.assert_close(actual, expected, atol=ATOL, rtol=0)
+    query, key, value, on_grid = query.detach(), key.detach(), value.detach(), on_grid.detach()
     # Sequence by sequence, as plain SDPA would attend each one alone.
     for start, end in zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist()):
         alone = torch.nn.functional.scaled_dot_product_attention(
@@ -220,3 +225,17 @@ def test_a_student_trained_packed_saves_and_loads_as_a_plain_distilbert(tmp_path
         packed_logits = student_mlm_logits(loaded, real_rows(hidden, packed))
     assert torch.equal(loaded_logits, trained_logits)
     torch.testing.assert_close(packed_logits, real_rows(loaded_logits, padded), atol=ATOL, rtol=0)
+
+
+def test_the_packed_encoders_compile_as_one_graph_across_batch_shapes():
+    # torch.compile (train.torch_compile) traces each encoder whole, with no graph break, for batches of other
+    # token counts; the eager backend compiles nothing, so this runs on CPU (the grid path; CUDA traces the jagged).
+    for model, wrap in ((tiny_teacher().eval(), lambda m: PackedBertEncoder(m.bert)),
+                        (tiny_student().eval(), lambda m: PackedDistilBertEncoder(m.distilbert))):
+        plain = wrap(model)
+        compiled = torch.compile(wrap(model), backend="eager", fullgraph=True)
+        for seed, multiple_of in ((0, 8), (1, 16)):
+            packed = batches(multiple_of=multiple_of, seed=seed)["packed"]
+            with torch.no_grad():
+                assert torch.equal(compiled(**encoder_inputs(packed)).last_hidden_state,
+                                   plain(**encoder_inputs(packed)).last_hidden_state)
