@@ -9,6 +9,7 @@ backward, optimizer) as JSON.
 
     .venv/bin/python benchmarks/distill_throughput.py --steps 3 --max-tokens 2048 --seq-len 128 --workers 0
     on one GPU (the paper's shape): --device cuda --seq-len 512 --max-tokens 65536 --workers 6 --compile --warmup 3
+    the packed path (configs/paper.yaml): add --packed (--packed-multiple 1024)
 
 Nothing synchronises the device inside the timed span: tokens/s is taken over the whole span, and on CUDA the
 breakdown is the device's time between CUDA events recorded at the phase boundaries (`data_wait`: the device
@@ -37,7 +38,7 @@ from pipeline.artifacts import atomic_write_json, cpu_description
 from pipeline.config import DistillPretrainConfig, TrainConfig
 from pipeline.corpus import TokenizedCorpus, token_budget_batches
 from pipeline.mlm import MaskedBatchCollator
-from pipeline.stages.distill_pretrain import distillation_terms
+from pipeline.stages.distill_pretrain import distillation_terms, encoders
 from pipeline.students import freeze, init_student_from_teacher, student_config_from_teacher, teacher_layers_for_student
 from pipeline.train import build_optimizer, maybe_compile, micro_batch_loader, peak_memory_mb, to_device
 
@@ -78,7 +79,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--compile", action="store_true", help="torch.compile the student's encoder (CUDA only)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile both encoders (CUDA only)")
+    parser.add_argument("--packed", action="store_true", help="distill_pretrain.packed_attention: real tokens only")
+    parser.add_argument("--packed-multiple", type=int, default=1024, help="packed_tokens_multiple_of")
     parser.add_argument("--precision", choices=["bf16", "no"], default="bf16",
                         help="CUDA: bf16 autocast and a bf16 teacher (as the stage), or fp32; CPU is always fp32")
     parser.add_argument("--out", type=Path, default=Path("artifacts/benchmarks/distill_throughput.json"))
@@ -96,16 +99,20 @@ def main() -> None:
     bf16 = device.type == "cuda" and args.precision == "bf16"
     if bf16:
         teacher = teacher.to(torch.bfloat16)
-    cfg = DistillPretrainConfig(max_seq_length=args.seq_len)
+    cfg = DistillPretrainConfig(max_seq_length=args.seq_len, packed_attention=args.packed,
+                                packed_tokens_multiple_of=args.packed_multiple)
     train_cfg = TrainConfig(learning_rate=5e-4, torch_compile=args.compile)
-    student_forward = maybe_compile(student.distilbert, train_cfg, device)
+    student_encoder, teacher_encoder = encoders(student, teacher, args.packed)
+    student_forward = maybe_compile(student_encoder, train_cfg, device)
+    teacher_forward = maybe_compile(teacher_encoder, train_cfg, device)
     optimizer = build_optimizer(student, train_cfg, device)
 
     with tempfile.TemporaryDirectory() as scratch:
         total_steps = args.warmup + args.steps
         corpus_dir = args.corpus_dir or random_corpus(Path(scratch), n_tokens=total_steps * args.max_tokens * 4)
         sequences = TokenizedCorpus(corpus_dir).sequences("train", args.seq_len)
-        collator = MaskedBatchCollator(BertTokenIds(), cfg.mlm_mask_prop)
+        collator = MaskedBatchCollator(BertTokenIds(), cfg.mlm_mask_prop,
+                                       pack_to_multiple_of=args.packed_multiple if args.packed else None)
         lengths = sequences.sequence_lengths()
         loader = micro_batch_loader(
             sequences, collator, lambda epoch: token_budget_batches(lengths, args.max_tokens, 0, epoch), seed=0,
@@ -123,7 +130,7 @@ def main() -> None:
             batch = to_device(cpu_batch, device)
             timer.lap("data_wait", timed)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-                terms = distillation_terms(student, teacher, batch, cfg, student_forward)
+                terms = distillation_terms(student, teacher, batch, cfg, student_forward, teacher_forward)
             timer.lap("forward", timed)
             terms["loss"].backward()
             timer.lap("backward", timed)
@@ -149,6 +156,8 @@ def main() -> None:
         "precision": "bf16" if bf16 else "fp32",
         "tf32_matmul": device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32,
         "torch_compile": args.compile and device.type == "cuda",
+        "packed_attention": args.packed,
+        "packed_tokens_multiple_of": args.packed_multiple if args.packed else None,
         "seq_len": args.seq_len,
         "max_tokens_per_batch": args.max_tokens,
         "corpus": str(args.corpus_dir) if args.corpus_dir else "random ids",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -122,7 +123,8 @@ class TrainConfig:
     keep_checkpoints: int = option(1, "How many recent checkpoints to keep.", minimum=1)
     device: Literal["auto", "cpu", "cuda"] = option("auto", "auto: CUDA when available, else CPU.")
     bf16: bool = option(True, "bf16 autocast on CUDA (ignored on CPU).")
-    torch_compile: bool = option(False, "torch.compile the trained model (CUDA runs).")
+    torch_compile: bool = option(
+        False, "torch.compile the trained model (CUDA runs); distill_pretrain compiles its frozen teacher's encoder too.")
     group_by_length: bool = option(
         True,
         "Batch examples of similar length together (transformers' length-grouped sampling: shuffled mega-batches "
@@ -272,6 +274,15 @@ class DistillPretrainConfig:
     run_random_init_ablation: bool = option(
         True, "Target `study` also distills a randomly initialised student with the same budget (the ablation)."
     )
+    packed_attention: bool = option(
+        False, "Run teacher and student on each micro-batch's real tokens only: one flat sequence with cumulative "
+        "sequence lengths, one fused Q/K/V projection per layer and variable-length attention (flash attention's "
+        "varlen kernel on CUDA; pipeline/packed_encoder.py). The same batches, masks, dropout and objective as the "
+        "padded path, and the saved student is a plain DistilBertForMaskedLM.")
+    packed_tokens_multiple_of: int = option(
+        64, "With packed_attention: a micro-batch's flat token count is padded up to a multiple of this, so "
+        "torch.compile and CUDA graphs see few shapes; the padding forms sequences of its own that no loss reads.",
+        minimum=1)
     train: TrainConfig = option(_default_distill_pretrain_train, "The training run.")
 
     def __post_init__(self) -> None:
@@ -589,11 +600,18 @@ class ComputeConfig:
     gpus: int = option(0, "GPUs each training rule requests (resources: gpu); 0 runs on CPU.", minimum=0)
     processes: int = option(
         1,
-        "Training processes per training rule. 1: a plain `python -m pipeline` process; N > 1: `torchrun "
-        "--nproc_per_node N` (PyTorch DDP: NCCL on GPUs, one process per GPU; gloo on CPU). The effective batch "
-        "is batch_size x processes x grad_accum_steps.",
+        "Training processes per training rule (per node with nodes > 1). 1: a plain `python -m pipeline` process; "
+        "N > 1: `torchrun --nproc_per_node N` (PyTorch DDP: NCCL on GPUs, one process per GPU; gloo on CPU). The "
+        "effective batch is batch_size x processes x grad_accum_steps.",
         minimum=1,
     )
+    nodes: int = option(
+        1, "Machines per training rule, each running `processes` processes. N > 1 (SLURM): the rule asks for N nodes "
+        "and its own `srun` starts one `torchrun --nnodes N --nproc-per-node <processes> --rdzv-backend c10d` per "
+        "node; the effective batch is batch_size x nodes x processes x grad_accum_steps.", minimum=1)
+    rdzv_endpoint: str | None = option(
+        None, "HOST:PORT where the nodes' torchrun agents meet (c10d rendezvous) when nodes > 1. null: port 29500 "
+        "on the first node of the SLURM allocation, looked up by the job's shell when it starts.")
     mixed_precision: Literal["no", "bf16", "fp16"] = option(
         "bf16", "Autocast precision of training on CUDA (fp16 adds loss scaling); CPU training is always fp32."
     )
@@ -610,6 +628,8 @@ class ComputeConfig:
         "exports hold several copies of the model).", minimum=100)
 
     def __post_init__(self) -> None:
+        if self.rdzv_endpoint is not None and not re.fullmatch(r"[A-Za-z0-9_.\-]+:[0-9]{1,5}", self.rdzv_endpoint):
+            raise ConfigError(f"compute.rdzv_endpoint: {self.rdzv_endpoint!r} is not HOST:PORT")
         if self.gpus and self.processes != self.gpus:
             raise ConfigError(
                 f"compute.processes: {self.processes} processes for compute.gpus {self.gpus}; DDP runs one process "

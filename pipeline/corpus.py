@@ -21,6 +21,8 @@ import logging
 import multiprocessing
 import os
 import resource
+import shutil
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +31,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from pipeline.artifacts import read_manifest
 from pipeline.config import ConfigError, DataConfig
 from pipeline.data import looks_like_a_path
 
@@ -354,10 +357,13 @@ def read_ids(path: Path, dtype: np.dtype, n_tokens: int, start: int, count: int)
 
 
 class TokenizedCorpus:
-    """A tokenize_corpus folder, memory-mapped: nothing but the per-document offsets is read into memory."""
+    """A tokenize_corpus folder, memory-mapped: nothing but the per-document offsets is read into memory.
 
-    def __init__(self, directory: str | Path):
+    `ids_path`: where to read ids.bin from instead of the folder (a node-local copy, see copy_ids_to_node)."""
+
+    def __init__(self, directory: str | Path, ids_path: str | Path | None = None):
         self.directory = Path(directory)
+        self.ids_path = Path(ids_path) if ids_path is not None else self.directory / "ids.bin"
         description_path = self.directory / "corpus.json"
         if not description_path.is_file():
             raise FileNotFoundError(f"{description_path}: missing; not a tokenize_corpus output")
@@ -376,8 +382,35 @@ class TokenizedCorpus:
             raise ValueError(f"split {split!r}: expected 'train' or 'heldout'")
         documents = np.flatnonzero(self.doc_is_heldout if split == "heldout" else ~self.doc_is_heldout)
         starts, lengths = chunk_documents(np.asarray(self.doc_offsets), documents, max_seq_length)
-        return CorpusSequences(self.directory / "ids.bin", self.dtype, int(self.description["n_tokens"]),
-                               starts, lengths)
+        return CorpusSequences(self.ids_path, self.dtype, int(self.description["n_tokens"]), starts, lengths)
+
+
+def node_local_ids_path(corpus_dir: str | Path, node_local_dir: str | Path) -> Path:
+    """Where a node keeps its copy of a corpus's ids.bin: named by the file's sha256 in the corpus's manifest, so
+    a copy of another corpus, or of an earlier build, is never read in its place. Environment variables in
+    node_local_dir ($TMPDIR, set per job on many clusters) are expanded on the node."""
+    sha256 = read_manifest(corpus_dir)["files"]["ids.bin"]["sha256"]
+    return Path(os.path.expandvars(str(node_local_dir))).expanduser() / f"ids-{sha256[:24]}.bin"
+
+
+def copy_ids_to_node(corpus_dir: str | Path, node_local_dir: str | Path) -> Path:
+    """Copy a corpus's ids.bin to node-local disk unless a complete copy is there; return the copy's path.
+
+    Every rank reads the ids at random offsets for a whole run: from a node's own disk instead of a shared file
+    system. The copy is written under a name of this process's own and renamed when complete, so a killed copy is
+    never read and two processes copying at once each rename a whole file."""
+    destination = node_local_ids_path(corpus_dir, node_local_dir)
+    size = read_manifest(corpus_dir)["files"]["ids.bin"]["bytes"]
+    if destination.is_file() and destination.stat().st_size == size:
+        return destination
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    partial = destination.with_name(f".{destination.name}.{socket.gethostname()}.{os.getpid()}")
+    started = time.perf_counter()
+    shutil.copyfile(Path(corpus_dir) / "ids.bin", partial)
+    os.replace(partial, destination)
+    logger.info("copied %s (%.1f MB) to %s in %.1f s", Path(corpus_dir) / "ids.bin", size / 1e6, destination,
+                time.perf_counter() - started)
+    return destination
 
 
 def chunk_documents(doc_offsets: np.ndarray, documents: np.ndarray, max_seq_length: int) -> tuple[np.ndarray, np.ndarray]:

@@ -17,11 +17,13 @@ DistributedDataParallel (NCCL on GPUs, gloo on CPU), whose gradient all-reduce r
 stages leave evaluation and outputs to rank 0.
 
 No host syncs inside a step: loss terms stay on the device and are read once every `log_every` steps; token
-counts come from the collate on the CPU.
+counts come from the collate on the CPU, and each micro-batch's share of a step's tokens from the batch plan, so
+micro-batches stream to the device one at a time with no collective before the step's gradient all-reduce.
 """
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import logging
@@ -39,6 +41,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+import numpy as np
 import psutil
 import torch
 import torch.distributed
@@ -417,33 +420,72 @@ class LossComputation(torch.nn.Module):
 
 def wrap_for_processes(
     module: torch.nn.Module, compute_loss: Callable, group: ProcessGroup, device: torch.device,
-    find_unused_parameters: bool = False,
+    find_unused_parameters: bool = False, static_graph: bool = False,
 ) -> torch.nn.Module:
-    """The loss computation, under DDP when there are several processes."""
+    """The loss computation, under DDP when there are several processes.
+
+    Gradients are views into DDP's all-reduce buckets (gradient_as_bucket_view): no second copy of every gradient.
+    `static_graph` tells DDP that every step runs the same graph; the loop passes it only without gradient
+    accumulation: with `no_sync` micro-batches, torch 2.13's DDP fails its first backward under static_graph
+    (reducer.cpp `expect_autograd_hooks_` assertion, pytorch/pytorch#143580)."""
     computation = LossComputation(module, compute_loss)
     if not group.distributed:
         return computation
     return torch.nn.parallel.DistributedDataParallel(
         computation, device_ids=[device.index] if device.type == "cuda" else None,
-        find_unused_parameters=find_unused_parameters,
+        find_unused_parameters=find_unused_parameters, gradient_as_bucket_view=True, static_graph=static_graph,
     )
 
 
-def micro_batch_loss_scales(batches: list[Batch], cfg: TrainConfig, group: ProcessGroup, device: torch.device):
-    """How much each micro-batch's loss counts in the optimizer step.
+def planned_token_weights(
+    plan: EpochPlan, example_tokens: Sequence[int], start_step: int, total_steps: int, grad_accum_steps: int,
+    group: ProcessGroup = ProcessGroup(),
+) -> Iterator[list[tuple[int, float]]]:
+    """For each optimizer step from `start_step` on, (tokens, weight) of each of this rank's micro-batches, from the
+    batch plan alone: nothing is read from the device and no collective is needed.
 
-    Batches whose collate reports `loss_tokens` (the MLM stages: token-budget batches of varying size) are weighed
-    by their share of the step's tokens over every micro-batch and rank, so the loss is a per-token mean across
-    gradient accumulation; DDP averages over ranks, hence the factor world_size. Other batches count 1/accum each."""
-    if "loss_tokens" not in batches[0]:
-        return [None] * len(batches)
-    tokens = [float(batch["loss_tokens"]) for batch in batches]
-    if not group.distributed:
-        total = sum(tokens)
-        return [count / total for count in tokens]
-    total = torch.tensor(sum(tokens), dtype=torch.float32, device=device)
-    torch.distributed.all_reduce(total)  # stays on the device: no host sync
-    return [count * group.world_size / total for count in tokens]
+    A micro-batch's tokens are the sum of its examples' `example_tokens`; its weight is its share of the tokens of
+    the whole step (every micro-batch of every rank), times world_size because DDP averages gradients over ranks.
+    Each micro-batch's mean loss times its weight then sums to the per-token mean of the whole step."""
+    tokens = np.asarray(example_tokens, dtype=np.int64)
+    positions = _tokens_of_every_rank_by_position(plan, tokens, start_step * grad_accum_steps,
+                                                  total_steps * grad_accum_steps, group.world_size)
+    for _ in range(start_step, total_steps):
+        step = [next(positions) for _ in range(grad_accum_steps)]
+        step_tokens = sum(int(counts.sum()) for counts in step)
+        yield [(int(counts[group.rank]), int(counts[group.rank]) * group.world_size / step_tokens) for counts in step]
+
+
+def _tokens_of_every_rank_by_position(
+    plan: EpochPlan, tokens: np.ndarray, start_micro_batch: int, total_micro_batches: int, world_size: int,
+) -> Iterator[np.ndarray]:
+    """Token counts [world_size] of every rank's micro-batch at each position, in the order of planned_positions."""
+    epoch, epoch_start = 0, 0
+    while epoch_start < total_micro_batches:
+        batches = plan(epoch)
+        per_rank = len(batches) // world_size  # batch b goes to rank b % world_size
+        for offset in range(max(0, start_micro_batch - epoch_start), per_rank):
+            if epoch_start + offset >= total_micro_batches:
+                return
+            yield np.array([tokens[np.asarray(batches[offset * world_size + rank], dtype=np.int64)].sum()
+                            for rank in range(world_size)])
+        epoch_start += per_rank
+        epoch += 1
+
+
+def micro_batch_loss_scale(batch: Batch, planned: tuple[int, float] | None, description: str) -> float | None:
+    """The weight of a micro-batch's loss: its planned token share, or None (the loop divides by grad_accum_steps)
+    for stages whose examples count alike. The collate's own `loss_tokens` must agree with the plan."""
+    if planned is None:
+        if "loss_tokens" in batch:
+            raise ValueError(f"{description}: the collate reports loss_tokens but train() got no example_tokens, so "
+                             "micro-batches would not be weighted by their tokens")
+        return None
+    tokens, weight = planned
+    if "loss_tokens" in batch and int(batch["loss_tokens"]) != tokens:
+        raise ValueError(f"{description}: a micro-batch has {int(batch['loss_tokens'])} loss tokens but the plan "
+                         f"counts {tokens}: example_tokens does not describe the collate")
+    return weight
 
 
 def all_ranks_sum(values: list[float], group: ProcessGroup, device: torch.device) -> list[float]:
@@ -469,6 +511,13 @@ def all_ranks_sum_tensors(
 def barrier(group: ProcessGroup) -> None:
     if group.distributed:
         torch.distributed.barrier()
+
+
+def once_per_node(action: Callable[[], Any], group: ProcessGroup) -> None:
+    """Run `action` in each node's first process (local rank 0) while every other rank waits for it."""
+    if group.local_rank == 0:
+        action()
+    barrier(group)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -627,7 +676,9 @@ def train(
     description: str = "train",
     example_lengths: Sequence[int] | None = None,
     batch_plan: EpochPlan | None = None,
+    example_tokens: Sequence[int] | None = None,
     find_unused_parameters: bool = False,
+    static_graph: bool = False,
     final: bool = True,
 ) -> TrainResult:
     """Train `module` (every parameter that requires grad) by minimising compute_loss(batch)["loss"].
@@ -636,6 +687,14 @@ def train(
     cfg.dataloader_workers > 0); `compute_loss` receives it on `device`, under autocast on CUDA, and returns the
     named loss terms; every term is logged. Batches are `batch_plan`'s when given (token budgets), else
     batch_size examples. Tokens per second count the batch's `n_tokens`, else its attention_mask.
+
+    `example_tokens` (the MLM stages: each sequence's tokens) makes the optimised loss a per-token mean over each
+    whole step, across gradient accumulation and ranks: every micro-batch's loss counts by its share of the step's
+    tokens, computed from the batch plan on the host (planned_token_weights). Without it each micro-batch counts
+    1 / grad_accum_steps.
+
+    `static_graph`: the stage runs the same modules and loss terms in every micro-batch, so DDP may treat the graph
+    as static (applied only when grad_accum_steps is 1; see wrap_for_processes).
 
     Under a launcher with several processes every rank returns; the process group is destroyed after the
     stage's last training (``final``), and a stage that trains again afterwards passes ``final=False``.
@@ -648,6 +707,8 @@ def train(
     if batch_plan is None:
         lengths = example_lengths if cfg.group_by_length else None
         batch_plan = examples_per_batch_plan(len(examples), cfg.batch_size, seed, group.world_size, lengths)
+    # The step count, the loader and the token weights all read each epoch's plan: build it once, keep one epoch.
+    batch_plan = functools.lru_cache(maxsize=1)(batch_plan)
     batches_per_epoch = len(rank_batches(batch_plan, 0, group))
     total_steps, total_micro_batches = count_optimizer_steps(cfg, batches_per_epoch)
     optimizer = build_optimizer(module, cfg, device)
@@ -662,7 +723,8 @@ def train(
 
     start_step = _find_and_load_checkpoint(checkpoint_dir, fingerprint, module, optimizer, scheduler, device,
                                            group, scaler)
-    loss_computation = wrap_for_processes(module, compute_loss, group, device, find_unused_parameters)
+    loss_computation = wrap_for_processes(module, compute_loss, group, device, find_unused_parameters,
+                                          static_graph=static_graph and cfg.grad_accum_steps == 1)
     if group.is_main:
         if start_step:
             logger.info("%s: resuming from step %d of %d", description, start_step, total_steps)
@@ -696,14 +758,19 @@ def train(
     final_terms: dict[str, float] = {}
     run_start = interval_start = time.perf_counter()
 
+    # Each micro-batch's weight is known from the plan before its step starts; micro-batches then go to the device
+    # one at a time, each forward and backward as it arrives.
+    step_weights = (planned_token_weights(batch_plan, example_tokens, start_step, total_steps, cfg.grad_accum_steps,
+                                          group) if example_tokens is not None else None)
     step = start_step
     while step < total_steps:
-        micro_batches = [next(stream) for _ in range(cfg.grad_accum_steps)]
-        scales = micro_batch_loss_scales(micro_batches, cfg, group, device)
-        for number, (cpu_batch, scale) in enumerate(zip(micro_batches, scales)):
+        planned = next(step_weights) if step_weights is not None else [None] * cfg.grad_accum_steps
+        for number, planned_micro_batch in enumerate(planned):
+            cpu_batch = next(stream)
+            scale = micro_batch_loss_scale(cpu_batch, planned_micro_batch, description)
             tokens = _batch_tokens(cpu_batch)  # counted on the CPU, before the copy to the device
             batch = to_device(cpu_batch, device)
-            last = number == len(micro_batches) - 1
+            last = number == len(planned) - 1
             # DDP all-reduces gradients in the backward of the step's last micro-batch only.
             accumulate = loss_computation.no_sync() if group.distributed and not last else nullcontext()
             with accumulate:
@@ -717,6 +784,7 @@ def train(
             interval_micro_batches += 1
             interval_tokens += tokens
             total_tokens += tokens
+            del batch, terms, loss  # this micro-batch's device tensors go before the next one is copied
         scaler.unscale_(optimizer)
         if cfg.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.max_grad_norm)

@@ -58,7 +58,15 @@ DATA_FILES = (sorted(os.path.normpath(path) for key, path in LOCAL_PATHS.items()
 # A local corpus file is read where it is by tokenizer and tokenize_corpus: an edit reruns them.
 CORPUS_FILES = [f for f in DATA_FILES if f == CFG.data.corpus]
 
-TRAIN_RESOURCES = {"mem_mb": CFG.compute.training_mem_mb, "gpu": CFG.compute.gpus}
+# node_local_dir: where the MLM stages copy the corpus's ids.bin on each node and read it ("": in place); a
+# cluster's profile sets it (set-resources). Resources are formatted when the job runs: none is a rule's input.
+TRAIN_RESOURCES = {"mem_mb": CFG.compute.training_mem_mb, "gpu": CFG.compute.gpus, "node_local_dir": ""}
+if CFG.compute.nodes > 1:
+    # SLURM allocates the nodes and the rule's own srun starts one launcher on each (an `mpi` job, which the slurm
+    # executor runs as it is instead of under `srun -n1`).
+    TRAIN_RESOURCES.update(nodes=CFG.compute.nodes, tasks=CFG.compute.nodes, mpi="srun")
+    if CFG.compute.rdzv_endpoint:
+        TRAIN_RESOURCES["rdzv_endpoint"] = CFG.compute.rdzv_endpoint
 LIGHT_RESOURCES = {"mem_mb": CFG.compute.light_mem_mb, "gpu": 0}
 DATA_RESOURCES = {"mem_mb": CFG.compute.data_mem_mb, "gpu": 0}
 EXPORT_RESOURCES = {"mem_mb": CFG.compute.export_mem_mb, "gpu": 0}
@@ -102,10 +110,17 @@ def stage_config(*sections):
     return json.dumps({name: FULL[name] for name in sections}, sort_keys=True)
 
 
+# The launch settings that change what training computes (the number of ranks, the precision).
+TRAINING_LAUNCH_KEYS = ("nodes", "processes", "mixed_precision")
+# c10d rendezvous of a multi-node job without compute.rdzv_endpoint: torchrun's default port on the allocation's
+# first node, looked up by the job's shell.
+FIRST_SLURM_NODE_ENDPOINT = '"$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)":29500'
+
+
 def training_config(*sections):
     """stage_config plus the launch settings that change what training computes (not memory requests)."""
     chosen = {name: FULL[name] for name in sections}
-    chosen["compute"] = {key: FULL["compute"][key] for key in ("processes", "mixed_precision")}
+    chosen["compute"] = {key: FULL["compute"][key] for key in TRAINING_LAUNCH_KEYS}
     return json.dumps(chosen, sort_keys=True)
 
 
@@ -118,6 +133,7 @@ def code(command, *extra):
 def stage_shell(command, arguments, training=False, threads_variable=None):
     """The shell command of a stage rule: `python -m pipeline <command> --config-json {params.cfg:q} <arguments>`,
     its output to the rule's log. training=True launches it as compute.processes processes (torchrun, PyTorch DDP)
+    on each of compute.nodes nodes
     with the precision as accelerate's ACCELERATE_MIXED_PRECISION and OMP_NUM_THREADS the rule's threads per
     process; threads_variable (OMP_NUM_THREADS, RAYON_NUM_THREADS) is set to the rule's threads. Threads are
     formatted by Snakemake when the job runs, so --cores never changes a rule's inputs or params."""
@@ -132,7 +148,14 @@ def stage_shell(command, arguments, training=False, threads_variable=None):
                        else f"$(( {{threads}} / {processes} > 0 ? {{threads}} / {processes} : 1 ))")
         env.append(f"{threads_variable}={per_process}")
     python = shlex.quote(PYTHON)
-    if processes > 1:
+    nodes = CFG.compute.nodes if training else 1
+    if nodes > 1:
+        # One torchrun per node (srun), meeting the others at the c10d endpoint; the SLURM job id names the run.
+        endpoint = "{resources.rdzv_endpoint:q}" if CFG.compute.rdzv_endpoint else FIRST_SLURM_NODE_ENDPOINT
+        start = (f"srun --nodes={nodes} --ntasks-per-node=1 {python} -m torch.distributed.run --nnodes={nodes} "
+                 f"--nproc-per-node={processes} --rdzv-backend=c10d --rdzv-endpoint={endpoint} "
+                 f'--rdzv-id="$SLURM_JOB_ID" -m pipeline {command}')
+    elif processes > 1:
         start = f"{python} -m torch.distributed.run --standalone --nproc_per_node={processes} -m pipeline {command}"
     else:
         start = f"{python} -m pipeline {command}"
@@ -171,5 +194,5 @@ def study_run_config(wildcards):
     """The config sections a study run reads: its variant's distill_squad settings and seed."""
     chosen = study_stage.run_config(FULL, wildcards.run, int(wildcards.seed))
     sections = {name: chosen[name] for name in ("seed", "squad", "distill_squad")}
-    sections["compute"] = {key: chosen["compute"][key] for key in ("processes", "mixed_precision")}
+    sections["compute"] = {key: chosen["compute"][key] for key in TRAINING_LAUNCH_KEYS}
     return json.dumps(sections, sort_keys=True)

@@ -90,7 +90,8 @@ if TEACHER_FROM_SCRATCH:
             **TRAIN_RESOURCES,
         shell:
             stage_shell("teacher-pretrain", "--corpus-dir {input.corpus:q} --tokenizer-dir {input.tokenizer:q}"
-                        " --out-dir {output:q} --work-dir {params.work:q}", training=True)
+                        " --out-dir {output:q} --work-dir {params.work:q}"
+                        " --node-local-dir={resources.node_local_dir:q}", training=True)
 
 
 rule teacher_finetune:

@@ -53,7 +53,8 @@ rule distill_pretrain:
         **TRAIN_RESOURCES,
     shell:
         stage_shell("distill-pretrain", "--student-dir {input.student:q} --teacher {params.teacher:q}"
-                    " --corpus-dir {input.corpus:q} --out-dir {output:q} --work-dir {params.work:q}", training=True)
+                    " --corpus-dir {input.corpus:q} --out-dir {output:q} --work-dir {params.work:q}"
+                    " --node-local-dir={resources.node_local_dir:q}", training=True)
 
 
 rule distill_squad:

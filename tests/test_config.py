@@ -40,6 +40,7 @@ def test_round_trip_through_plain_dict():
         ({"squad": {"max_seq_length": 64, "doc_stride": 64}}, "squad.doc_stride"),
         ({"teacher": {"architecture": {"hidden_size": 30, "num_heads": 4}}}, "teacher.architecture.num_heads"),
         ({"data": "synthetic"}, "data: expected a mapping"),
+        ({"compute": {"nodes": 2, "rdzv_endpoint": "head-node"}}, "compute.rdzv_endpoint: 'head-node' is not HOST:PORT"),
     ],
 )
 def test_bad_values_fail_naming_the_key(data, message):

@@ -233,6 +233,7 @@ def test_the_training_step_reads_loss_tensors_on_the_host_only_at_log_steps(tmp_
         module=model, compute_loss=compute_loss, examples=sequences, collate=collator, cfg=cfg, seed=1,
         device=torch.device("cpu"), checkpoint_dir=tmp_path / "ckpt", log_path=tmp_path / "log.jsonl",
         fingerprint="f", batch_plan=lambda epoch: token_budget_batches(lengths, 256, 1, epoch),
+        example_tokens=lengths,
     )
     assert result.steps == 12 and len((tmp_path / "log.jsonl").read_text().splitlines()) == 3
     assert len(reads) == 3, reads  # one read per log step: every term and count in one transfer

@@ -133,6 +133,46 @@ def test_the_loss_takes_a_torch_compiled_student_encoder(artifacts):
         assert torch.allclose(terms[name], plain[name], atol=1e-5), name
 
 
+@pytest.mark.parametrize("restrict", [False, True])
+def test_packed_batches_give_the_padded_paths_loss_terms_and_gradients(artifacts, restrict):
+    # The same masked batch, packed (real tokens only, padded to a multiple of 16 tokens): every term and the
+    # student's gradient agree with the padded path's to fp32 rounding.
+    student, teacher = models(artifacts)
+    with torch.no_grad():  # a student clearly unlike its teacher, so every term is far from 0
+        student.vocab_projector.bias.copy_(torch.randn(student.vocab_projector.bias.shape,
+                                                       generator=torch.Generator().manual_seed(0)))
+    cfg = DistillPretrainConfig(restrict_ce_to_mask=restrict, alpha_mse=0.5)
+    tokenizer = AutoTokenizer.from_pretrained(artifacts["student"])
+    sequences = [np.array(tokenizer(text, add_special_tokens=False)["input_ids"])
+                 for text in ["born in the city of x", "the company employed many workers in the city", "a river"]]
+    terms, gradients = {}, {}
+    for layout, packing in (("padded", None), ("packed", 16)):
+        batch = MaskedBatchCollator(tokenizer, 0.5, pack_to_multiple_of=packing)(sequences,
+                                                                                  torch.Generator().manual_seed(0))
+        student.zero_grad()
+        terms[layout] = distill_pretrain.distillation_terms(student, teacher, batch, cfg)
+        terms[layout]["loss"].backward()
+        gradients[layout] = {name: p.grad.clone() for name, p in student.named_parameters() if p.grad is not None}
+    assert terms["packed"]["loss"] > 0.1 and gradients["packed"].keys() == gradients["padded"].keys()
+    for name in ("loss", "ce", "mlm", "cos", "mse"):
+        torch.testing.assert_close(terms["packed"][name], terms["padded"][name], atol=1e-5, rtol=1e-5)
+    for name, gradient in gradients["padded"].items():
+        torch.testing.assert_close(gradients["packed"][name], gradient, atol=1e-6, rtol=1e-4)
+
+
+def test_the_stage_trains_packed_and_writes_a_plain_distilbert(artifacts, tmp_path):
+    cfg = tiny_config(distill_pretrain={"packed_attention": True, "packed_tokens_multiple_of": 32,
+                                        "train": {"max_steps": 3, "grad_accum_steps": 2}})
+    metrics = distill_pretrain.run(cfg, artifacts["student"], str(artifacts["mlm_teacher"]), artifacts["corpus"],
+                                   tmp_path / "out", tmp_path / "work")
+    assert metrics["steps"] == 3 and {"ce", "mlm", "cos", "loss"} <= metrics["final_loss_terms"].keys()
+    trained = DistilBertForMaskedLM.from_pretrained(tmp_path / "out")
+    initial = DistilBertForMaskedLM.from_pretrained(artifacts["student"])
+    assert trained.state_dict().keys() == initial.state_dict().keys()
+    assert not torch.equal(trained.state_dict()["distilbert.transformer.layer.0.attention.q_lin.weight"],
+                           initial.state_dict()["distilbert.transformer.layer.0.attention.q_lin.weight"])
+
+
 def test_restricting_ce_to_masked_positions_changes_the_term(artifacts):
     student, teacher = models(artifacts)
     student.eval()
@@ -171,9 +211,9 @@ def test_the_stage_masks_with_smoothed_weights_and_keeps_the_teacher_frozen(arti
     seen = {"weights": [], "teacher_states": [], "masked_rows": []}
     real_collator, real_terms = distill_pretrain.MaskedBatchCollator, distill_pretrain.distillation_terms
 
-    def spy_collator(tokenizer, probability, selection_weights=None):
+    def spy_collator(tokenizer, probability, selection_weights=None, pack_to_multiple_of=None):
         seen["weights"].append(selection_weights)
-        return real_collator(tokenizer, probability, selection_weights)
+        return real_collator(tokenizer, probability, selection_weights, pack_to_multiple_of)
 
     def spy_terms(student, teacher, batch, *args, **kwargs):
         seen["teacher_states"].append((teacher.training, [p for p in teacher.parameters() if p.requires_grad]))

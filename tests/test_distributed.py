@@ -1,10 +1,11 @@
 """Training stages under torchrun: 2 CPU processes (PyTorch DDP on gloo) of distill_pretrain on configs/test.yaml
-learn like one process with the same tokens per step, every rank returns from training, and a 2-process run
-killed with SIGKILL resumes to the very same weights."""
+learn like one process with the same tokens per step, every rank returns from training, a 2-process run
+killed with SIGKILL resumes to the very same weights, and two launchers meet at a c10d endpoint as two nodes do."""
 
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -154,3 +155,43 @@ def test_shards_split_each_length_grouped_global_batch_evenly_between_ranks():
         assert len(parts[0]) == len(parts[1]) >= 1
         assert set(parts[0]) | set(parts[1]) == set(global_batch)  # the short last batch pads by repeating
     assert shard([1, 2, 3], 0, 1) == [1, 2, 3] and ProcessGroup().world_size == 1
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_two_nodes_meet_at_a_c10d_endpoint_and_read_the_corpus_from_their_own_disks(tmp_path):
+    # Two torchrun agents on this machine stand in for two nodes, as compute.nodes 2 launches them (one per node,
+    # one process each): they meet at a c10d endpoint on 127.0.0.1, each copies ids.bin to its own "node-local"
+    # folder ($NODE_SCRATCH, expanded by the stage) and the ranks train packed, with accumulation, to the end.
+    artifacts = build_tiny_artifacts(tmp_path / "tiny", tiny_config())
+    cfg = tiny_config(distill_pretrain={"packed_attention": True, "train": {
+        "max_steps": 3, "grad_accum_steps": 2, "max_tokens_per_batch": 512, "log_every": 1, "checkpoint_every": 2}})
+    launcher = ["-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+                f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-id=two-nodes"]
+    command = [sys.executable, *launcher, "-m", "pipeline", "distill-pretrain", "--config-json", json.dumps(to_dict(cfg)),
+               "--student-dir", str(artifacts["student"]), "--teacher", str(artifacts["mlm_teacher"]),
+               "--corpus-dir", str(artifacts["corpus"]), "--out-dir", str(tmp_path / "out"),
+               "--work-dir", str(tmp_path / "work"), "--node-local-dir=$NODE_SCRATCH"]
+    nodes = []
+    for node in (0, 1):
+        log = tmp_path / f"node{node}.log"
+        with log.open("w") as handle:
+            environment = {**ENV, "NODE_SCRATCH": str(tmp_path / f"node{node}" / "scratch")}
+            nodes.append(subprocess.Popen(command, cwd=PROJECT_ROOT, env=environment, stdout=handle,
+                                          stderr=subprocess.STDOUT))
+    for node, process in enumerate(nodes):
+        assert process.wait(timeout=600) == 0, (tmp_path / f"node{node}.log").read_text()[-3000:]
+
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert metrics["processes"] == 2 and metrics["steps"] == 3
+    corpus_ids = (artifacts["corpus"] / "ids.bin").read_bytes()
+    for node in (0, 1):
+        copies = list((tmp_path / f"node{node}" / "scratch").iterdir())
+        assert [path.name.startswith("ids-") for path in copies] == [True]  # one whole copy, no partial file
+        assert copies[0].read_bytes() == corpus_ids
+    losses = logged_losses(tmp_path)
+    assert len(losses) == 3 and all(loss == loss for loss in losses)  # every step logged, none NaN

@@ -116,6 +116,30 @@ def test_training_rules_are_launched_from_the_compute_section(tmp_path):
     assert {"teacher-pretrain", "teacher-finetune", "distill-pretrain", "distill-squad"} <= launched.keys()
 
 
+def test_several_nodes_start_one_torchrun_per_node_at_a_c10d_rendezvous(tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text(f"output_root: {json.dumps(str(tmp_path / 'out'))}\n"
+                      "compute:\n  nodes: 2\n  processes: 4\n  gpus: 4\n  rdzv_endpoint: head-node:29400\n")
+    # A cluster's profile names the node-local folder per rule (set-resources); here the same option on the CLI.
+    completed = snakemake(tmp_path, "-n", "-p", "--cores", "8", "--resources", "gpu=4", "--configfile",
+                          str(PROJECT_ROOT / "configs" / "test.yaml"), str(config),
+                          "--set-resources", "distill_pretrain:node_local_dir=/local/scratch")
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    launched = {words[words.index("pipeline") + 1]: words for words in shell_commands(completed.stdout)
+                if "torch.distributed.run" in words}
+    assert {"teacher-pretrain", "teacher-finetune", "distill-pretrain", "distill-squad"} <= launched.keys()
+    for stage, words in launched.items():
+        srun = words.index("srun")
+        assert words[srun + 1:srun + 3] == ["--nodes=2", "--ntasks-per-node=1"], words
+        assert {"--nnodes=2", "--nproc-per-node=4", "--rdzv-backend=c10d", "--rdzv-endpoint=head-node:29400",
+                "--rdzv-id=$SLURM_JOB_ID"} <= set(words), words
+        assert "--standalone" not in words
+        config_json = json.loads(words[words.index("--config-json") + 1])
+        assert config_json["compute"] == {"mixed_precision": "bf16", "nodes": 2, "processes": 4}
+    assert "--node-local-dir=/local/scratch" in launched["distill-pretrain"]
+    assert "--node-local-dir=" in launched["teacher-pretrain"]  # no node-local folder named: read in place
+
+
 def test_a_failing_jobs_own_error_reaches_the_console_with_the_local_profile(tmp_path):
     broken = tmp_path / "train.json"
     broken.write_text('{"version": "1.1", "data": [}')

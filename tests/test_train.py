@@ -374,35 +374,98 @@ def test_the_launcher_environment_and_the_run_settings_are_applied(monkeypatch):
         torch.set_num_threads(threads)
 
 
-def test_token_weighted_micro_batches_make_a_per_token_mean_and_sums_are_taken_over_all(tmp_path):
-    from pipeline.train import ProcessGroup, all_ranks_sum, all_ranks_sum_tensors, micro_batch_loss_scales
+def test_token_weights_come_from_the_plan_and_make_a_per_token_mean_over_every_rank(tmp_path):
+    from pipeline.train import ProcessGroup, all_ranks_sum, all_ranks_sum_tensors, planned_token_weights
+
+    tokens = [10, 30, 60, 5, 15, 20, 7, 3]  # example i has tokens[i] loss tokens
+    # Two ranks, batch b for rank b % 2: rank 0 takes [0], [2], [4, 5]; rank 1 takes [1], [3], [6, 7].
+    plan = lambda epoch: [[0], [1], [2], [3], [4, 5], [6, 7]]  # noqa: E731
+    one_step = dict(start_step=0, total_steps=1, grad_accum_steps=3)
+    weights = [next(planned_token_weights(plan, tokens, group=ProcessGroup(rank, 0, 2), **one_step)) for rank in (0, 1)]
+    assert [[count for count, _ in rank] for rank in weights] == [[10, 60, 35], [30, 5, 10]]
+    # DDP averages gradients over the ranks: sum(weight x mean) / world_size is the step's per-token mean.
+    token_losses = {example: torch.full((count,), float(example)) for example, count in enumerate(tokens)}
+    means = [[torch.cat([token_losses[e] for e in batch]).mean() for batch in plan(0)[rank::2]] for rank in (0, 1)]
+    averaged = sum(weight * mean for rank in (0, 1) for (_, weight), mean in zip(weights[rank], means[rank])) / 2
+    assert torch.isclose(averaged, torch.cat(list(token_losses.values())).mean())
+    # One process: shares of its own step; a resumed run gets the same weights for the steps that remain.
+    single = list(planned_token_weights(plan, tokens, start_step=0, total_steps=4, grad_accum_steps=3))
+    assert [weight for _, weight in single[0]] == [10 / 100, 30 / 100, 60 / 100]
+    assert list(planned_token_weights(plan, tokens, start_step=2, total_steps=4, grad_accum_steps=3)) == single[2:]
 
     cpu = torch.device("cpu")
-    cfg = TrainConfig(grad_accum_steps=3)
-    # Without token counts every micro-batch counts 1/accum (the loop divides by grad_accum_steps).
-    assert micro_batch_loss_scales([{}, {}, {}], cfg, ProcessGroup(), cpu) == [None, None, None]
-    # With them, a micro-batch's mean counts by its share of the step's tokens: sum(scale_i * mean_i) is the
-    # mean over every token of the step.
-    scales = micro_batch_loss_scales([{"loss_tokens": 10}, {"loss_tokens": 30}, {"loss_tokens": 60}], cfg,
-                                     ProcessGroup(), cpu)
-    assert scales == [0.1, 0.3, 0.6]
-    token_losses = [torch.full((10,), 1.0), torch.full((30,), 2.0), torch.full((60,), 4.0)]
-    weighted = sum(scale * losses.mean() for scale, losses in zip(scales, token_losses))
-    assert torch.isclose(weighted, torch.cat(token_losses).mean())
-
     torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
-        # One real process standing in for two: the step's token total is all-reduced (a 0-d tensor that stays
-        # where it is), and the world_size factor undoes DDP's averaging over ranks.
-        two = ProcessGroup(world_size=2)
-        scales = micro_batch_loss_scales([{"loss_tokens": 10}, {"loss_tokens": 30}], cfg, two, cpu)
-        assert all(isinstance(scale, torch.Tensor) for scale in scales)
-        assert [round(float(scale), 6) for scale in scales] == [0.5, 1.5]
+        two = ProcessGroup(world_size=2)  # one real process standing in for two: sums over the ranks
         assert all_ranks_sum([1.5, 2.0], two, cpu) == [1.5, 2.0]
         assert all_ranks_sum_tensors([torch.tensor(0.5), torch.tensor(2.0)], [3, 4], two, cpu) == [0.5, 2.0, 3.0, 4.0]
         assert all_ranks_sum([7], ProcessGroup(), cpu) == [7]
     finally:
         torch.distributed.destroy_process_group()
+
+
+def test_micro_batches_of_unequal_tokens_give_the_gradient_of_the_steps_per_token_mean(tmp_path):
+    # Examples are "sequences" of 1 to 9 tokens; each micro-batch's loss is the mean over its own tokens. The
+    # optimizer step must see the gradient of the mean over every token of the step, as one big batch gives it.
+    lengths = [1, 9, 4, 2, 7, 3]
+    generator = torch.Generator().manual_seed(0)
+    features = [torch.randn(n, 4, generator=generator) for n in lengths]
+    targets = [torch.randn(n, generator=generator) for n in lengths]
+    plan = lambda epoch: [[0, 1], [2], [3, 4, 5]]  # noqa: E731  # 10, 4 and 12 tokens
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    initial = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+
+    def collate(indices, generator=None):
+        return {"x": torch.cat([features[i] for i in indices]), "y": torch.cat([targets[i] for i in indices]),
+                "n_tokens": sum(lengths[i] for i in indices), "loss_tokens": sum(lengths[i] for i in indices)}
+
+    def compute_loss(batch):
+        loss = torch.nn.functional.mse_loss(model(batch["x"]).squeeze(-1), batch["y"])
+        return {"loss": loss}
+
+    seen = {}
+
+    def record(optimizer, args, kwargs):
+        seen.update({id(p): p.grad.detach().clone() for group in optimizer.param_groups for p in group["params"]})
+
+    handle = register_optimizer_step_pre_hook(record)
+    try:
+        train(module=model, compute_loss=compute_loss, examples=list(range(len(lengths))), collate=collate,
+              cfg=small_cfg(max_steps=1, grad_accum_steps=3, max_grad_norm=0.0), seed=0, device=torch.device("cpu"),
+              checkpoint_dir=tmp_path / "ckpt", log_path=tmp_path / "log.jsonl", fingerprint="f", batch_plan=plan,
+              example_tokens=lengths)
+    finally:
+        handle.remove()
+
+    def gradient(loss_of):
+        reference = torch.nn.Linear(4, 1)
+        reference.load_state_dict(initial)
+        loss_of(reference).backward()
+        return {name: parameter.grad for name, parameter in reference.named_parameters()}
+
+    def mean_loss(reference, indices):
+        batch = collate(indices)
+        return torch.nn.functional.mse_loss(reference(batch["x"]).squeeze(-1), batch["y"])
+
+    per_token = gradient(lambda reference: mean_loss(reference, range(len(lengths))))
+    per_micro_batch = gradient(lambda reference: sum(mean_loss(reference, batch) for batch in plan(0)) / 3)
+    for name, expected in per_token.items():
+        assert torch.allclose(seen[id(getattr(model, name))], expected, rtol=1e-5, atol=1e-7), name
+        assert not torch.allclose(per_micro_batch[name], expected, rtol=1e-3), name  # the weighting matters here
+
+
+def test_a_collate_that_counts_loss_tokens_needs_the_plans_example_tokens(tmp_path):
+    model = TinyRegressor()
+    collate = lambda indices, generator=None: {"x": torch.zeros(len(indices), 4), "loss_tokens": len(indices)}  # noqa
+    common = dict(module=model, compute_loss=lambda batch: {"loss": model(batch["x"]).sum()},
+                  examples=list(range(8)), collate=collate, cfg=small_cfg(max_steps=1), seed=0,
+                  device=torch.device("cpu"), checkpoint_dir=tmp_path / "c", log_path=tmp_path / "l.jsonl",
+                  fingerprint="x", description="demo")
+    with pytest.raises(ValueError, match="demo: the collate reports loss_tokens but train\\(\\) got no example_tokens"):
+        train(**common)
+    with pytest.raises(ValueError, match="demo: a micro-batch has 8 loss tokens but the plan counts 16"):
+        train(**common, example_tokens=[2] * 8)
 
 
 def test_logged_figures_are_the_interval_means_and_the_run_totals(tmp_path, caplog):

@@ -9,7 +9,8 @@ token-budget batches.
 Memory: the vocabulary projection is applied only to the positions a loss reads (non-padding, or only the
 masked ones with restrict_ce_to_mask), never to the full [batch, sequence, vocab] grid; with chunked_loss_rows it
 runs over chunks of those rows (`losses.mlm_distillation_terms_in_chunks`), so no [rows, vocab] logits of the whole
-batch exist either.
+batch exist either. With packed_attention both models run on the real tokens only (pipeline/packed_encoder.py):
+the same batches and masks, no padding computed.
 """
 
 from __future__ import annotations
@@ -21,19 +22,23 @@ import shutil
 from pathlib import Path
 
 import torch
+from torch.nn import Module
 from transformers import AutoTokenizer, BertForMaskedLM, DistilBertForMaskedLM
 
 from pipeline.artifacts import atomic_output_dir, atomic_write_json, fingerprint, setup_logging, to_plain
 from pipeline.artifacts import verify_input_dirs
 from pipeline.config import DistillPretrainConfig, PipelineConfig, config_from_json
-from pipeline.corpus import TokenizedCorpus, token_budget_batches
+from pipeline.corpus import TokenizedCorpus, copy_ids_to_node, node_local_ids_path, token_budget_batches
 from pipeline.chunked_lm_loss import VocabProjection
 from pipeline.losses import mlm_distillation_terms, mlm_distillation_terms_in_chunks
 from pipeline.masking import selection_weights_from_counts
 from pipeline.model_card import mlm_student_card, write_model_card
 from pipeline.mlm import MaskedBatchCollator, masked_token_accuracy, rows, special_token_ids
+from pipeline.packed_encoder import PackedBertEncoder, PackedDistilBertEncoder, encoder_inputs
 from pipeline.students import freeze
-from pipeline.train import is_main_process, maybe_compile, prepare_run, process_group_from_env, train, use_bf16
+from pipeline.train import (
+    is_main_process, maybe_compile, once_per_node, prepare_run, process_group_from_env, train, use_bf16,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -52,20 +57,33 @@ def loss_weights(cfg: DistillPretrainConfig) -> dict[str, float]:
     return {"ce": cfg.alpha_ce, "mlm": cfg.alpha_mlm, "cos": cfg.alpha_cos, "mse": cfg.alpha_mse}
 
 
+def encoders(student: DistilBertForMaskedLM, teacher: BertForMaskedLM, packed: bool) -> tuple[Module, Module]:
+    """The student's and the teacher's encoder: the Hugging Face modules themselves on padded batches, or the
+    packed encoders over them (the same parameters) on packed ones."""
+    if packed:
+        return PackedDistilBertEncoder(student.distilbert), PackedBertEncoder(teacher.bert)
+    return student.distilbert, teacher.bert
+
+
 def distillation_terms(
     student: DistilBertForMaskedLM,
     teacher: BertForMaskedLM,
     batch: dict[str, torch.Tensor],
     cfg: DistillPretrainConfig,
     student_forward=None,
+    teacher_forward=None,
 ) -> dict[str, torch.Tensor]:
-    """Both models on a masked batch (MaskedBatchCollator's keys), then the triple loss on the rows it reads."""
+    """Both models on a masked batch (MaskedBatchCollator's keys, padded or packed), then the triple loss on the
+    rows it reads. The forwards default to `encoders(...)` for the batch's layout."""
     # `is None`, not `or`: the truth value of a torch.compile'd module is its len(), which raises.
-    student_forward = student.distilbert if student_forward is None else student_forward
-    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    if student_forward is None or teacher_forward is None:
+        default_student, default_teacher = encoders(student, teacher, packed="cu_seqlens" in batch)
+        student_forward = default_student if student_forward is None else student_forward
+        teacher_forward = default_teacher if teacher_forward is None else teacher_forward
+    inputs = encoder_inputs(batch)
     student_hidden = student_forward(**inputs).last_hidden_state
     with torch.no_grad():
-        teacher_hidden = teacher.bert(**inputs).last_hidden_state
+        teacher_hidden = teacher_forward(**inputs).last_hidden_state
     ce_positions = batch["masked_positions"] if cfg.restrict_ce_to_mask else batch["token_positions"]
     masked_rows = None if cfg.restrict_ce_to_mask else batch["masked_in_tokens"]
     student_token_hidden = rows(student_hidden, batch["token_positions"])
@@ -99,6 +117,7 @@ def run(
     corpus_dir: Path,
     out_dir: Path,
     work_dir: Path,
+    node_local_dir: str | None = None,
 ) -> dict:
     verify_input_dirs(student_dir, teacher_source, corpus_dir)
     dcfg = cfg.distill_pretrain
@@ -109,9 +128,15 @@ def run(
     if use_bf16(dcfg.train, device):
         # Frozen: bf16 weights halve its memory and time; only where the loop itself trains under bf16 autocast.
         teacher = teacher.to(torch.bfloat16)
-    student_forward = maybe_compile(student.distilbert, dcfg.train, device)
+    student_encoder, teacher_encoder = encoders(student, teacher, dcfg.packed_attention)
+    student_forward = maybe_compile(student_encoder, dcfg.train, device)
+    teacher_forward = maybe_compile(teacher_encoder, dcfg.train, device)
 
-    corpus = TokenizedCorpus(corpus_dir)
+    ids_path = None
+    if node_local_dir:  # every rank reads the ids from its node's own disk, copied there once per node
+        once_per_node(lambda: copy_ids_to_node(corpus_dir, node_local_dir), process_group_from_env())
+        ids_path = node_local_ids_path(corpus_dir, node_local_dir)
+    corpus = TokenizedCorpus(corpus_dir, ids_path)
     if corpus.vocab_size != len(tokenizer):
         raise ValueError(f"{corpus_dir}: tokenized with a vocabulary of {corpus.vocab_size}, but the student's "
                          f"tokenizer has {len(tokenizer)}")
@@ -120,12 +145,13 @@ def run(
     if dcfg.token_frequency_smoothing:
         selection_weights = selection_weights_from_counts(
             corpus.token_counts(), special_token_ids(tokenizer), dcfg.smoothing_exponent)
-    collator = MaskedBatchCollator(tokenizer, dcfg.mlm_mask_prop, selection_weights)
+    collator = MaskedBatchCollator(tokenizer, dcfg.mlm_mask_prop, selection_weights,
+                                   dcfg.packed_tokens_multiple_of if dcfg.packed_attention else None)
     max_tokens = dcfg.train.max_tokens_per_batch or dcfg.train.batch_size * dcfg.max_seq_length
     world_size = process_group_from_env().world_size
 
     def compute_loss(batch):
-        return distillation_terms(student, teacher, batch, dcfg, student_forward)
+        return distillation_terms(student, teacher, batch, dcfg, student_forward, teacher_forward)
 
     run_id = fingerprint(
         "distill_pretrain", to_plain(dcfg), cfg.seed, str(teacher_source), files=[corpus_dir, student_dir],
@@ -136,6 +162,8 @@ def run(
         fingerprint=run_id, description="distill_pretrain",
         batch_plan=lambda epoch: token_budget_batches(sequences.sequence_lengths(), max_tokens, cfg.seed, epoch,
                                                       world_size),
+        example_tokens=sequences.sequence_lengths(),  # the collate's loss_tokens: every real token of a sequence
+        static_graph=True,  # the same modules and loss terms in every micro-batch
     )
     if not is_main_process():
         return result.as_metrics()  # evaluation and outputs are rank 0's
@@ -176,8 +204,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--corpus-dir", required=True, type=Path, help="output of tokenize_corpus")
     parser.add_argument("--out-dir", required=True, type=Path)
     parser.add_argument("--work-dir", required=True, type=Path, help="checkpoints and live training log")
+    parser.add_argument("--node-local-dir", default="", help="copy the corpus's ids.bin to this node-local folder "
+                        "and read it there ('': read it in place)")
     args = parser.parse_args(argv)
     setup_logging()
     run(config_from_json(args.config_json), args.student_dir, args.teacher, args.corpus_dir, args.out_dir,
-        args.work_dir)
+        args.work_dir, args.node_local_dir or None)
     return 0

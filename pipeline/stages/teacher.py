@@ -25,9 +25,9 @@ from pipeline.config import PipelineConfig, config_from_json
 from pipeline.data import load_squad
 from pipeline.losses import masked_lm_loss
 from pipeline.model_card import mlm_teacher_card, qa_teacher_card, write_model_card
-from pipeline.corpus import TokenizedCorpus, token_budget_batches
+from pipeline.corpus import TokenizedCorpus, copy_ids_to_node, node_local_ids_path, token_budget_batches
 from pipeline.mlm import MaskedBatchCollator, masked_token_accuracy, rows
-from pipeline.train import is_main_process, prepare_run, process_group_from_env, train
+from pipeline.train import is_main_process, once_per_node, prepare_run, process_group_from_env, train
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +47,8 @@ def teacher_config_from_scratch(cfg: PipelineConfig, tokenizer) -> BertConfig:
     )
 
 
-def run_pretrain(cfg: PipelineConfig, corpus_dir: Path, tokenizer_dir: Path, out_dir: Path, work_dir: Path) -> dict:
+def run_pretrain(cfg: PipelineConfig, corpus_dir: Path, tokenizer_dir: Path, out_dir: Path, work_dir: Path,
+                 node_local_dir: str | None = None) -> dict:
     """MLM pretraining from scratch on the tokenized corpus. `work_dir` holds checkpoints and the live log."""
     verify_input_dirs(corpus_dir, tokenizer_dir)
     train_cfg = cfg.teacher.pretrain
@@ -56,7 +57,11 @@ def run_pretrain(cfg: PipelineConfig, corpus_dir: Path, tokenizer_dir: Path, out
     model = BertForMaskedLM(teacher_config_from_scratch(cfg, tokenizer)).to(device)
 
     max_len = cfg.teacher.pretrain_max_seq_length
-    corpus = TokenizedCorpus(corpus_dir)
+    ids_path = None
+    if node_local_dir:  # every rank reads the ids from its node's own disk, copied there once per node
+        once_per_node(lambda: copy_ids_to_node(corpus_dir, node_local_dir), process_group_from_env())
+        ids_path = node_local_ids_path(corpus_dir, node_local_dir)
+    corpus = TokenizedCorpus(corpus_dir, ids_path)
     sequences = corpus.sequences("train", max_len)
     collator = MaskedBatchCollator(tokenizer, cfg.teacher.mlm_probability)
     max_tokens = train_cfg.max_tokens_per_batch or train_cfg.batch_size * max_len
@@ -75,6 +80,8 @@ def run_pretrain(cfg: PipelineConfig, corpus_dir: Path, tokenizer_dir: Path, out
         fingerprint=run_id, description="teacher_pretrain",
         batch_plan=lambda epoch: token_budget_batches(sequences.sequence_lengths(), max_tokens, cfg.seed, epoch,
                                                       world_size),
+        example_tokens=sequences.sequence_lengths(),  # the collate's loss_tokens: every real token of a sequence
+        static_graph=True,  # the same model and loss in every micro-batch
     )
     if not is_main_process():
         return result.as_metrics()  # evaluation and outputs are rank 0's
@@ -165,9 +172,12 @@ def main_pretrain(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokenizer-dir", required=True, type=Path)
     parser.add_argument("--out-dir", required=True, type=Path)
     parser.add_argument("--work-dir", required=True, type=Path, help="checkpoints and live training log")
+    parser.add_argument("--node-local-dir", default="", help="copy the corpus's ids.bin to this node-local folder "
+                        "and read it there ('': read it in place)")
     args = parser.parse_args(argv)
     setup_logging()
-    run_pretrain(config_from_json(args.config_json), args.corpus_dir, args.tokenizer_dir, args.out_dir, args.work_dir)
+    run_pretrain(config_from_json(args.config_json), args.corpus_dir, args.tokenizer_dir, args.out_dir, args.work_dir,
+                 args.node_local_dir or None)
     return 0
 
 
