@@ -32,7 +32,8 @@ def strip_comment(line: str) -> str:
 
 
 def project_copy(target: Path) -> Path:
-    """The project's tracked and new (not ignored) files copied to `target`, with the project's .venv linked in:
+    """The project's tracked and new (not ignored) files copied to `target`, with the project's .venv and the
+    JavaScript client's installed packages linked in:
     a documented command then runs there as written, and its outputs stay out of the checkout."""
     listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=PROJECT_ROOT,
                             capture_output=True, text=True, check=True).stdout.split("\0")
@@ -44,4 +45,7 @@ def project_copy(target: Path) -> Path:
             destination.write_bytes(source.read_bytes())
             os.chmod(destination, source.stat().st_mode)
     (target / ".venv").symlink_to(PROJECT_ROOT / ".venv")
+    node_modules = PROJECT_ROOT / "clients" / "web" / "node_modules"  # installed by setup.sh, as .venv is
+    if node_modules.is_dir():
+        (target / "clients" / "web" / "node_modules").symlink_to(node_modules)
     return target
