@@ -57,14 +57,6 @@ def gate_questions(data_dir: Path, model_dir: Path, limit: int | None) -> GateQu
                          round(scores["exact_match"], 3), round(scores["f1"], 3))
 
 
-def answer_agreement(predictions: Mapping[str, str], pytorch_predictions: Mapping[str, str]) -> float:
-    """Fraction of the questions PyTorch answered that `predictions` answer with exactly the same text."""
-    if not pytorch_predictions:
-        raise ValueError("no PyTorch answers to compare with")
-    same = sum(predictions.get(question_id) == answer for question_id, answer in pytorch_predictions.items())
-    return same / len(pytorch_predictions)
-
-
 # How each gate is judged. A measurement on N dev questions has its own noise, and a verdict that falls inside it
 # would change between CPUs and builds without anything real changing; so a gate is missed only when the value's
 # 95 % interval lies wholly on the wrong side of its threshold, and a verdict inside the interval is marked

@@ -23,7 +23,7 @@ def fake_run_root(root, teacher_f1=93.0, student_f1=93.5):
         (root / folder).mkdir(parents=True)
         (root / folder / "metrics.json").write_text(json.dumps(values))
     latency = {"seq384": {"threads1": {"p50": 112.0, "p90": 115.0}}}
-    summary = {"models": {"teacher": {"params": 1000}, "student": {"params": 500}},
+    summary = {"target_size_mb": 207, "models": {"teacher": {"params": 1000}, "student": {"params": 500}},
                "artifacts": [], "peers": [],
                "full_size": [{"name": "distilbert/onnx-int8-optimized", "size_mb": 66.5, "recipe": "int8",
                               "latency_ms": latency},

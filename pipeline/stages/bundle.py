@@ -103,13 +103,14 @@ def qa_config(cfg: PipelineConfig, answerer: onnx_qa.QuestionAnswerer, coreml: d
 
 def shipped_coreml(coreml: dict, cfg: PipelineConfig, coreml_dir: Path) -> dict:
     """coreml.json with only the packages that passed their gates (a package scored on no dev set counts as
-    passed); stops when CoreML variants were built and none passed: the bundle ships CoreML."""
+    passed) and `rejected` listing the others; stops when CoreML variants were built and none passed: the bundle
+    ships CoreML."""
     passed = {variant: package for variant, package in coreml["packages"].items()
               if package.get("dev", {}).get("passed") is not False}
     if coreml["packages"] and not passed:
         raise GateError(f"{coreml_dir}/coreml.json: no CoreML package passed its gates "
                         f"({', '.join(coreml['packages'])} all rejected), nothing of that format to bundle")
-    return {**coreml, "packages": passed}
+    return {**coreml, "packages": passed, "rejected": sorted(set(coreml["packages"]) - set(passed))}
 
 
 def worked_example(answerer: onnx_qa.QuestionAnswerer, example: dict) -> dict:
@@ -232,9 +233,7 @@ def run(cfg: PipelineConfig, quantized_dir: Path, coreml_dir: Path, model_dir: P
             "ort_size_mb": megabytes(directory_size_bytes(ort_path)),
             "coreml_size_mb": {variant: megabytes(directory_size_bytes(tmp / "coreml" / package["path"]))
                                for variant, package in coreml["packages"].items()},
-            "rejected_by_gates": {"onnx_int8": quantized.get("rejected", []),
-                                  "coreml": sorted(set(read_json(coreml_dir / "coreml.json")["packages"])
-                                                   - set(coreml["packages"]))},
+            "rejected_by_gates": {"onnx_int8": quantized.get("rejected", []), "coreml": coreml["rejected"]},
             "n_questions": len(examples),
             "exact_match": onnx_report["exact_match"],
             "f1": onnx_report["f1"],
