@@ -1,6 +1,13 @@
 """Shared test fixtures: paths, and the real SQuAD 2.0 dev sample read from ../shared (never copied in)."""
 
+import os
 from pathlib import Path
+
+# One intra-op thread for torch in the tests and the processes they start, unless a test or a rule asks for more
+# (a rule's OMP_NUM_THREADS, benchmark.threads): a second thread does not speed up the tests' tiny models, and where
+# another job keeps a core busy, a 2-thread torch waits on it at every operation (tests/test_distill_squad.py took
+# 10x as long). Set here, before any test module imports torch.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
 

@@ -364,6 +364,7 @@ def test_the_launcher_environment_and_the_run_settings_are_applied(monkeypatch):
 
     threads = torch.get_num_threads()
     try:
+        torch.set_num_threads(2)  # whatever the session runs with (tests/conftest.py: 1), cpu_threads must change it
         assert prepare_run(TrainConfig(device="cpu", cpu_threads=1), seed=11) == torch.device("cpu")
         assert torch.get_num_threads() == 1
         draws = (random.random(), torch.rand(1).item())
