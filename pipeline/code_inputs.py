@@ -8,6 +8,7 @@ reach leaves it alone.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -31,8 +32,16 @@ def module_file(module: str) -> Path | None:
 def imported_modules(path: Path) -> set[str]:
     """Every module `path` imports, at any depth of the code. `from a import b` names both a and a.b, since b may
     be a submodule; names that are not modules resolve to no file."""
+    stat = path.stat()
+    return set(_imported_modules(str(path), stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=None)
+def _imported_modules(path: str, mtime_ns: int, size: int) -> frozenset[str]:
+    # Each version of a file is parsed once per process: the Snakefile asks for the closure of every rule's
+    # command, the closures share most files, and re-parsing them was most of the time Snakemake took to plan.
     modules = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in ast.walk(ast.parse(Path(path).read_text(), filename=path)):
         if isinstance(node, ast.Import):
             modules.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -40,7 +49,7 @@ def imported_modules(path: Path) -> set[str]:
                 raise ValueError(f"{path}:{node.lineno}: relative import; the package uses absolute imports only")
             modules.add(node.module)
             modules.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return modules
+    return frozenset(modules)
 
 
 def import_closure(*modules: str) -> list[Path]:
