@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.conftest import PROJECT_ROOT
+from tests.dry_run import dry_run
 
 # The output root's name has spaces and both kinds of quotes: every path reaches the jobs' shells quoted, or the
 # DAG breaks.
@@ -38,6 +39,10 @@ class DagRun:
 
     def snakemake_command(self, *extra: str, target: str | None = None) -> list[str]:
         return snakemake_command(self.workdir, self.config, *extra, target=target)
+
+    def dry_run(self, cores: int = 2) -> subprocess.CompletedProcess:
+        """`snakemake -n` of this build, planned in the test process (tests/dry_run.py)."""
+        return dry_run(self.workdir, [PROJECT_ROOT / "configs" / "test.yaml", self.config], cores=cores)
 
 
 def snakemake_command(workdir: Path, config: Path, *extra: str, target: str | None = None) -> list[str]:

@@ -187,14 +187,11 @@ def test_the_documented_offline_deploy_runs_as_written(squad2_dev_sample, tmp_pa
 
 def test_the_readme_command_plans_the_deploy_dag_with_no_training_rule(tmp_path):
     """`snakemake deploy --configfile configs/deploy.yaml` over the default config (a dry run: no hub access)."""
-    import sys
-
     from tests.conftest import PROJECT_ROOT
+    from tests.dry_run import dry_run
 
-    completed = subprocess.run(
-        [sys.executable, "-m", "snakemake", "deploy", "-n", "--cores", "2", "--snakefile", str(PROJECT_ROOT / "Snakefile"),
-         "--directory", str(tmp_path), "--configfile", str(PROJECT_ROOT / "configs" / "deploy.yaml"),
-         "--config", f"output_root={tmp_path / 'out'}"], capture_output=True, text=True, check=True)
+    completed = dry_run(tmp_path, [PROJECT_ROOT / "configs" / "deploy.yaml"], {"output_root": str(tmp_path / "out")},
+                        target="deploy")
     planned = {line.split()[-1].rstrip(":") for line in completed.stdout.splitlines()
                if line.startswith(("rule ", "localrule "))}
     assert planned == {"prepare_data", "deploy_model", "export_onnx", "quantize_onnx", "export_coreml", "bundle",

@@ -67,15 +67,13 @@ def test_the_official_style_evaluation_cli_scores_the_teachers_predictions(dag_o
 
 
 def test_a_rerun_with_nothing_changed_runs_no_job(dag_run):
-    completed = subprocess.run(dag_run.snakemake_command("-n"), capture_output=True, text=True, check=True)
+    completed = dag_run.dry_run()
     assert "Nothing to be done" in completed.stdout + completed.stderr
 
 
-@pytest.mark.parametrize("cores", ["1", "4"])
+@pytest.mark.parametrize("cores", [1, 4])
 def test_other_core_counts_find_nothing_to_do_after_a_build(dag_run, cores):
-    command = dag_run.snakemake_command("-n")
-    command[command.index("--cores") + 1] = cores
-    completed = subprocess.run(command, capture_output=True, text=True, check=True)
+    completed = dag_run.dry_run(cores=cores)
     assert "Nothing to be done" in completed.stdout + completed.stderr, completed.stdout[-3000:]
 
 

@@ -1,5 +1,6 @@
 """Snakemake profiles and the paper recipe: the whole DAG plans offline with each profile, launch commands come
-from the config, and a failing job's own error reaches the console."""
+from the config, and a failing job's own error reaches the console. The profiles and the failing job go through
+the command line; what a dry run plans is read from one planned in this process (tests/dry_run.py)."""
 
 import json
 import shlex
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PROJECT_ROOT
+from tests.dry_run import dry_run
 
 pytestmark = pytest.mark.integration
 
@@ -72,8 +74,7 @@ def test_paths_with_spaces_and_quotes_reach_every_job_as_single_arguments(tmp_pa
     config = tmp_path / "config.yaml"
     config.write_text(f"output_root: {json.dumps(str(root))}\ndata:\n  squad: {json.dumps(str(squad))}\n"
                       f"  squad_dev: {json.dumps(str(squad))}\n  corpus: squad_contexts\n")
-    completed = snakemake(tmp_path, "-n", "-p", "--cores", "2", "--configfile",
-                          str(PROJECT_ROOT / "configs" / "test.yaml"), str(config))
+    completed = dry_run(tmp_path, [PROJECT_ROOT / "configs" / "test.yaml", config], print_shell_commands=True)
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     commands = shell_commands(completed.stdout)
     assert len(commands) >= 15
@@ -95,8 +96,7 @@ def test_training_rules_are_launched_from_the_compute_section(tmp_path):
     config = tmp_path / "config.yaml"
     config.write_text(f"output_root: {json.dumps(str(tmp_path / 'out'))}\n"
                       "compute:\n  processes: 2\n  mixed_precision: fp16\n")
-    completed = snakemake(tmp_path, "-n", "-p", "--cores", "4", "--configfile",
-                          str(PROJECT_ROOT / "configs" / "test.yaml"), str(config))
+    completed = dry_run(tmp_path, [PROJECT_ROOT / "configs" / "test.yaml", config], cores=4, print_shell_commands=True)
     assert completed.returncode == 0, completed.stdout[-3000:]
     launched = {}
     for words in shell_commands(completed.stdout):
@@ -160,8 +160,7 @@ def test_a_pretrained_student_skips_pretraining_distillation(tmp_path):
     config = tmp_path / "config.yaml"
     config.write_text(f"output_root: {json.dumps(str(tmp_path / 'out'))}\n"
                       f"student:\n  pretrained: {json.dumps(str(student))}\n")
-    completed = snakemake(tmp_path, "-n", "-p", "--cores", "2", "--configfile",
-                          str(PROJECT_ROOT / "configs" / "test.yaml"), str(config))
+    completed = dry_run(tmp_path, [PROJECT_ROOT / "configs" / "test.yaml", config], print_shell_commands=True)
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     jobs = planned_jobs(completed.stdout)
     assert "init_student" not in jobs and "distill_pretrain" not in jobs

@@ -1,14 +1,13 @@
 """Target study: run configs per variant, the statistics of the summary, and the planned DAG."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from pipeline.config import STUDY_VARIANTS, ConfigError, PipelineConfig, from_dict, to_dict
 from pipeline.stages import study
 from tests.conftest import PROJECT_ROOT
+from tests.dry_run import dry_run
 from tests.stage_fixtures import tiny_config
 
 
@@ -69,11 +68,8 @@ def test_the_summary_pairs_runs_by_seed_and_calls_only_a_clear_difference_signif
 
 
 def test_the_study_target_plans_every_run_from_the_same_student(tmp_path):
-    command = [sys.executable, "-m", "snakemake", "study", "-n", "--cores", "2", "--snakefile",
-               str(PROJECT_ROOT / "Snakefile"),
-               "--directory", str(tmp_path), "--configfile", str(PROJECT_ROOT / "configs" / "test.yaml"),
-               "--config", f"output_root={tmp_path / 'out'}"]
-    completed = subprocess.run(command, capture_output=True, text=True)
+    completed = dry_run(tmp_path, [PROJECT_ROOT / "configs" / "test.yaml"], {"output_root": str(tmp_path / "out")},
+                        target="study")
     assert completed.returncode == 0, completed.stderr[-2000:]
     n_runs = len(study.run_names(tiny_config().study.variants)) * len(tiny_config().study.seeds)
     assert f"study_run {n_runs}" in " ".join(completed.stdout.split())
