@@ -7,6 +7,7 @@ import contextlib
 import io
 import logging
 import subprocess
+import sys
 from pathlib import Path
 
 from tests.conftest import PROJECT_ROOT
@@ -23,6 +24,7 @@ def dry_run(workdir: Path, configfiles: list[Path], config: dict | None = None, 
     # As the command line sets it for -n: the plan goes to stdout (the handler takes sys.stdout when it is made).
     output = OutputSettings(dryrun=True, stdout=True, printshellcmds=print_shell_commands, nocolor=True)
     snakemake_logger = logging.getLogger("snakemake")
+    search_path = list(sys.path)  # Snakemake adds the rule files' folder while it parses them
     try:
         with contextlib.redirect_stdout(printed), SnakemakeApi(output) as api:
             workflow = api.workflow(resource_settings=ResourceSettings(cores=cores),
@@ -34,5 +36,6 @@ def dry_run(workdir: Path, configfiles: list[Path], config: dict | None = None, 
     finally:
         for handler in list(snakemake_logger.handlers):  # none left writing to this call's buffer
             snakemake_logger.removeHandler(handler)
+        sys.path[:] = search_path
     command = ["snakemake", *([target] if target else []), "-n", "--cores", str(cores), "--directory", str(workdir)]
     return subprocess.CompletedProcess(command, 0, printed.getvalue(), "")
