@@ -32,9 +32,21 @@ def exported_student(tmp_path_factory) -> dict:
     return export_tiny_student(tmp_path_factory.mktemp("exported_student"))
 
 
-@pytest.fixture(scope="session")
-def dag_run(tmp_path_factory):
-    """The whole DAG on configs/test.yaml, killed once and recovered (tests/dag_run.py); its outputs are read only."""
-    from tests.dag_run import run_dag_killed_and_recovered
+@pytest.fixture(scope="session", autouse=True)
+def dag_run_in_background(request, tmp_path_factory):
+    """The session's DAG run, started in the background with the first test when a selected test needs it: its
+    jobs and the tests before those that read it share the cores (tests/dag_run.py)."""
+    if not any("dag_run" in item.fixturenames for item in request.session.items):
+        yield None
+        return
+    from tests.dag_run import DagRunInBackground
 
-    return run_dag_killed_and_recovered(tmp_path_factory.mktemp("dag"))
+    background = DagRunInBackground(tmp_path_factory.mktemp("dag"))
+    yield background
+    background.stop()
+
+
+@pytest.fixture(scope="session")
+def dag_run(dag_run_in_background):
+    """The whole DAG on configs/test.yaml, killed once and recovered (tests/dag_run.py); its outputs are read only."""
+    return dag_run_in_background.result()
