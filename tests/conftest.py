@@ -1,5 +1,6 @@
 """Shared test fixtures: paths, and the real SQuAD 2.0 dev sample read from ../shared (never copied in)."""
 
+import functools
 import os
 from pathlib import Path
 
@@ -32,16 +33,31 @@ def exported_student(tmp_path_factory) -> dict:
     return export_tiny_student(tmp_path_factory.mktemp("exported_student"))
 
 
+# Builds that start with the session and run in the background (tests/background.py), and the fixture each
+# test that reads one asks for.
+BACKGROUND_BUILDS = ("dag_run", "documented_offline_deploy")
+
+
+def pytest_collection_modifyitems(items):
+    """The tests that read a background build run last (in their order), so that the build overlaps the others."""
+    items.sort(key=lambda item: any(name in item.fixturenames for name in BACKGROUND_BUILDS))
+
+
+def selected(request, fixture: str) -> bool:
+    return any(fixture in item.fixturenames for item in request.session.items)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def dag_run_in_background(request, tmp_path_factory):
-    """The session's DAG run, started in the background with the first test when a selected test needs it: its
-    jobs and the tests before those that read it share the cores (tests/dag_run.py)."""
-    if not any("dag_run" in item.fixturenames for item in request.session.items):
+    """The session's DAG run (tests/dag_run.py), started with the first test when a selected test reads it."""
+    if not selected(request, "dag_run"):
         yield None
         return
-    from tests.dag_run import DagRunInBackground
+    from tests.background import InBackground
+    from tests.dag_run import run_dag_killed_and_recovered
 
-    background = DagRunInBackground(tmp_path_factory.mktemp("dag"))
+    background = InBackground(functools.partial(run_dag_killed_and_recovered, tmp_path_factory.mktemp("dag")),
+                              "dag-run")
     yield background
     background.stop()
 
@@ -50,3 +66,25 @@ def dag_run_in_background(request, tmp_path_factory):
 def dag_run(dag_run_in_background):
     """The whole DAG on configs/test.yaml, killed once and recovered (tests/dag_run.py); its outputs are read only."""
     return dag_run_in_background.result()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def documented_offline_deploy_in_background(request, tmp_path_factory):
+    """docs/deploy.md's offline command (tests/deploy_run.py), started with the first test when a selected test
+    reads it and the real SQuAD sample is there."""
+    if not SHARED_SQUAD_SAMPLE.is_file() or not selected(request, "documented_offline_deploy"):
+        yield None
+        return
+    from tests.background import InBackground
+    from tests.deploy_run import prepare_documented_deploy, run_documented_deploy
+
+    prepared = prepare_documented_deploy(tmp_path_factory.mktemp("documented_deploy"), SHARED_SQUAD_SAMPLE)
+    background = InBackground(functools.partial(run_documented_deploy, *prepared), "documented-deploy")
+    yield background
+    background.stop()
+
+
+@pytest.fixture
+def documented_offline_deploy(squad2_dev_sample, documented_offline_deploy_in_background):
+    """The documented offline deploy's run (tests/deploy_run.py: DeployRun); skips without the real SQuAD sample."""
+    return documented_offline_deploy_in_background.result()

@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,14 +53,10 @@ def snakemake_command(workdir: Path, config: Path, *extra: str, target: str | No
             str(PROJECT_ROOT / "configs" / "test.yaml"), str(config), *extra]
 
 
-def start_in_own_session(command: list[str], **options) -> subprocess.Popen:
-    """Start a command in a process group of its own (so that it and its jobs can be killed together)."""
-    return subprocess.Popen(command, start_new_session=True, **options)
-
-
-def run_dag_killed_and_recovered(base: Path, start: Callable[..., subprocess.Popen] = start_in_own_session) -> DagRun:
-    """`start(command, **Popen options)` starts each snakemake command; it must start it in a process group of its
-    own (the killed run is killed with its group)."""
+def run_dag_killed_and_recovered(base: Path, *, run: Callable[..., subprocess.CompletedProcess],
+                                 start: Callable[..., subprocess.Popen]) -> DagRun:
+    """`start(command, **Popen options)` and `run(command, timeout)` (tests/background.py: InBackground) start each
+    snakemake command in a process group of its own: the killed run is killed with its group."""
     workdir, root = base / "workdir", base / AWKWARD_NAME
     workdir.mkdir()
     config = workdir / "config.yaml"
@@ -80,58 +75,8 @@ def run_dag_killed_and_recovered(base: Path, start: Callable[..., subprocess.Pop
         process.wait()
     pretrain_output_after_kill = (root / "teacher_pretrain").exists()
 
-    def run(*extra: str) -> subprocess.CompletedProcess:
-        command = snakemake_command(workdir, config, *extra)
-        process = start(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            stdout, stderr = process.communicate(timeout=900)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            raise
-        return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
-
-    locked = run()
-    unlocked = run("--unlock")
-    rerun = run("--rerun-incomplete")
+    locked = run(snakemake_command(workdir, config), timeout=900)
+    unlocked = run(snakemake_command(workdir, config, "--unlock"), timeout=900)
+    rerun = run(snakemake_command(workdir, config, "--rerun-incomplete"), timeout=900)
     assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
     return DagRun(root, workdir, config, killed_run_log, pretrain_output_after_kill, locked, unlocked, rerun)
-
-
-class DagRunInBackground:
-    """run_dag_killed_and_recovered in a thread of its own, started with the session: its jobs leave a core idle
-    much of the time (one job after another on the critical path, the rerun's planning), which the tests that run
-    in the meantime use. result() waits for it; stop() kills what it still runs (a session that ends first)."""
-
-    def __init__(self, base: Path):
-        self._processes: list[subprocess.Popen] = []
-        self._stopping = threading.Event()
-        self._outcome: DagRun | BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(base,), name="dag-run", daemon=True)
-        self._thread.start()
-
-    def _run(self, base: Path) -> None:
-        try:
-            self._outcome = run_dag_killed_and_recovered(base, self._start)
-        except BaseException as error:  # raised again by result(), in the test that needs the run
-            self._outcome = error
-
-    def _start(self, command: list[str], **options) -> subprocess.Popen:
-        if self._stopping.is_set():
-            raise RuntimeError("the test session ended before the DAG run")
-        process = start_in_own_session(command, **options)
-        self._processes.append(process)
-        return process
-
-    def result(self) -> DagRun:
-        self._thread.join()
-        if isinstance(self._outcome, BaseException):
-            raise self._outcome
-        return self._outcome
-
-    def stop(self) -> None:
-        self._stopping.set()
-        while self._thread.is_alive():  # again while it runs: a command may have started just as it was told
-            for process in self._processes:
-                if process.poll() is None:
-                    os.killpg(process.pid, signal.SIGKILL)
-            self._thread.join(timeout=1)

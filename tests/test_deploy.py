@@ -2,7 +2,6 @@
 bundled and benchmarked as it is, with no training; models the exporters cannot take are refused with the reason."""
 
 import json
-import os
 import re
 import subprocess
 
@@ -13,7 +12,7 @@ from transformers import BertForMaskedLM, BertForQuestionAnswering, BertTokenize
 from pipeline.config import ConfigError
 from pipeline.deploy import DeployError, check_local_model, deploy_root, load_deployable
 from tests.dag_run import snakemake_command
-from tests.documented_commands import documented_commands, project_copy
+from tests.deploy_run import tiny_qa_model_with_its_own_vocabulary  # noqa: F401  (a model as a user brings one)
 from tests.stage_fixtures import tiny_bert_config, tiny_config
 
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "a", "river", "flows", "north", "who", "what"]
@@ -106,40 +105,14 @@ def test_target_deploy_without_a_model_says_what_to_set(tmp_path):
     assert completed.returncode != 0 and "target deploy needs deploy.model" in completed.stdout + completed.stderr
 
 
-def tiny_qa_model_with_its_own_vocabulary(folder, dev_file):
-    """A small BERT QA model (random weights, 512 positions as a real one has) with a WordPiece vocabulary
-    trained on the dev file's text: a model trained elsewhere, as a user brings one."""
-    from tokenizers import BertWordPieceTokenizer
-
-    records = json.loads(dev_file.read_text())["data"]
-    texts = [paragraph["context"] for article in records for paragraph in article["paragraphs"]]
-    texts += [qa["question"] for article in records for paragraph in article["paragraphs"] for qa in paragraph["qas"]]
-    trainer = BertWordPieceTokenizer(lowercase=True)
-    trainer.train_from_iterator(texts, vocab_size=800)
-    folder.mkdir(parents=True)
-    trainer.save_model(str(folder))
-    tokenizer = BertTokenizerFast(vocab_file=str(folder / "vocab.txt"))
-    tokenizer.save_pretrained(folder)
-    config = tiny_bert_config(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
-                              intermediate_size=64, max_position_embeddings=512)
-    BertForQuestionAnswering(config).save_pretrained(folder)
-
-
 @pytest.mark.integration
-def test_the_documented_offline_deploy_runs_as_written(squad2_dev_sample, tmp_path):
+def test_the_documented_offline_deploy_runs_as_written(documented_offline_deploy):
     """docs/deploy.md's offline command, run exactly as written in a copy of the project with ./my-qa-model and
     ./my-dev.json beside it: no MLM corpus, no tokenizer training, no training rule, no full-size build; every
-    export gated against this model's own PyTorch answers; the bundle, benchmark and report describe it."""
-    (_, command), = [(name, line) for name, line in documented_commands(".venv/bin/snakemake deploy")
-                     if "squad_dev: ./my-dev.json" in line]
-    project = project_copy(tmp_path / "project")
-    (project / "my-dev.json").symlink_to(squad2_dev_sample)  # read where it is, never copied
-    tiny_qa_model_with_its_own_vocabulary(project / "my-qa-model", squad2_dev_sample)
-    # No hub, and no Chromium (whatever this machine has): benchmark_web is planned and runs without it.
-    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-                   "CHROMIUM_PATH": str(tmp_path / "no-chromium")}
-    completed = subprocess.run(command, shell=True, cwd=project, env=environment, capture_output=True, text=True,
-                               timeout=900)
+    export gated against this model's own PyTorch answers; the bundle, benchmark and report describe it. The
+    command runs from the session's start, in the background (tests/deploy_run.py)."""
+    project, command = documented_offline_deploy.project, documented_offline_deploy.command
+    environment, completed = documented_offline_deploy.environment, documented_offline_deploy.completed
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     ran = set(re.findall(r"^(?:local)?rule (\w+):$", completed.stderr, flags=re.M))
     assert ran == {"prepare_data", "deploy_model", "export_onnx", "quantize_onnx", "export_coreml", "bundle",
