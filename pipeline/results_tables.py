@@ -207,6 +207,12 @@ def headline(run: dict) -> str:
         cell = ((peer["latency"].get("seq384") or {}).get("threads1")) or {}
         if cell:
             lines.append(f"| {peer['name']} ({peer['tool']}), peer p50 / ours | {cell['ratio']:.2f}x ({cell['verdict']}) |")
+    study = run.get("study") or {}
+    lead = study.get("variants", {}).get(DISTILLED_VARIANT, {}).get("f1_minus_ce_only")
+    if lead:
+        lines.append(f"| distilled minus CE-only student, dev F1, paired over {len(study['seeds'])} seeds "
+                     f"(`study`) | {lead['mean']:+.2f}, {study['confidence']:.0%} interval "
+                     f"[{lead['low']:+.2f}, {lead['high']:+.2f}] |")
     passed, total = shipped_gates(summary)
     lines.append(f"| shipped variants (int8 ONNX, CoreML packages) that passed every gate | {passed} of {total} |")
     lines.append(f"| whole default DAG, wall clock | {minutes(run['wall_seconds'])} (exit code {run['exit_code']}) |")
@@ -304,7 +310,28 @@ def study_table(run: dict) -> str:
         interval = "—" if not lead else f"[{lead['low']:+.2f}, {lead['high']:+.2f}]"
         lines.append(f"| {name} | {f1['mean']:.2f} ± {f1['std']:.2f} | [{f1['low']:.2f}, {f1['high']:.2f}] | "
                      f"{relative} | {versus} | {interval} |")
-    return "\n".join(lines)
+    return "\n".join(lines + ["", *claim_lines(study)])
+
+
+# The default objective (distill_squad.objective) and the two claims docs/distillation.md makes for it.
+DISTILLED_VARIANT = "tinybert"
+MIN_SHARE_OF_TEACHER = 0.97
+
+
+def claim_lines(study: dict) -> list[str]:
+    """Whether each claim holds in this study, read from its figures (an absent variant: not measured)."""
+    distilled = study["variants"].get(DISTILLED_VARIANT)
+    if distilled is None:
+        return [f"The claims are not measured here: no `{DISTILLED_VARIANT}` variant in this study."]
+    share, lead = distilled.get("f1_relative_to_teacher"), distilled.get("f1_minus_ce_only")
+    first = ("not measured" if share is None else
+             f"{'holds' if share >= MIN_SHARE_OF_TEACHER else 'does not hold'} ({percent(share)} of the teacher)")
+    second = ("not measured (no `ce_only` variant)" if not lead else
+              f"{'holds' if lead['significant'] and lead['low'] > 0 else 'not shown'} "
+              f"({lead['mean']:+.2f} F1, {study['confidence']:.0%} interval [{lead['low']:+.2f}, {lead['high']:+.2f}])")
+    return [f"- Claim 1, the distilled student (`{DISTILLED_VARIANT}`) reaches at least "
+            f"{MIN_SHARE_OF_TEACHER:.0%} of the teacher's dev F1 on average: {first}.",
+            f"- Claim 2, it beats the CE-only student, the paired interval above zero: {second}."]
 
 
 def quickstart(runs: list[dict]) -> str:

@@ -60,12 +60,26 @@ def test_a_collected_run_renders_every_figure_from_its_files(tmp_path):
         str(tmp_path / "README.md"), str(tmp_path / "docs" / "results.md"), str(tmp_path / "docs" / "distillation.md")]
     study = (tmp_path / "docs" / "distillation.md").read_text()
     assert "| tinybert | 93.50 ± 0.50 | [92.90, 94.10] | 100.5% | +2.50 (significant) | [+1.26, +3.74] |" in study
+    assert "at least 97% of the teacher's dev F1 on average: holds (100.5% of the teacher)." in study
+    assert "paired interval above zero: holds (+2.50 F1, 95% interval [+1.26, +3.74])." in study
     readme = (tmp_path / "README.md").read_text()
     assert readme.startswith("intro\n<!-- results:headline -->\nThe default run") and readme.endswith("-->\nend\n")
     assert "old 112.2" not in readme and "| 93.50 = 100.5 % of the teacher |".replace(" %", "%") in readme
+    assert "paired over 5 seeds (`study`) | +2.50, 95% interval [+1.26, +3.74] |" in readme
     assert "66.5 MB, 112.0 ms" in readme and "6.2x below the paper's 207 MB" in readme and "| 13:32 (exit code 0) |" in readme
     runs = (tmp_path / "docs" / "results.md").read_text()
     assert "| teacher_finetune: dev EM / F1 | 92.40 / 93.00 |" in runs
     assert "| variants rejected by the gates | student_ce_only/coreml-4bit |" in runs
     assert "| shipped variants that passed every gate | 1 of 1 |" in runs
     assert results_tables.render(check=True, project_root=tmp_path, results_dir=results) == []
+
+
+def test_the_study_says_a_claim_is_not_shown_when_its_interval_reaches_zero():
+    lead = {"n": 5, "mean": 1.5, "std": 2.0, "low": -0.98, "high": 3.98, "significant": False}
+    study = {"seeds": [1, 2, 3, 4, 5], "confidence": 0.95,
+             "variants": {"tinybert": {"f1_relative_to_teacher": 0.962, "f1_minus_ce_only": lead}}}
+    first, second = results_tables.claim_lines(study)
+    assert first.endswith("does not hold (96.2% of the teacher).")
+    assert second.endswith("not shown (+1.50 F1, 95% interval [-0.98, +3.98]).")
+    assert results_tables.claim_lines({"variants": {"ce_only": {}}}) == [
+        "The claims are not measured here: no `tinybert` variant in this study."]
