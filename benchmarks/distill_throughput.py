@@ -40,7 +40,9 @@ from pipeline.corpus import TokenizedCorpus, token_budget_batches
 from pipeline.mlm import MaskedBatchCollator
 from pipeline.stages.distill_pretrain import distillation_terms, encoders
 from pipeline.students import freeze, init_student_from_teacher, student_config_from_teacher, teacher_layers_for_student
-from pipeline.train import build_optimizer, maybe_compile, micro_batch_loader, peak_memory_mb, to_device
+from pipeline.training.batching import micro_batch_loader, to_device
+from pipeline.training.loop import build_optimizer
+from pipeline.training.run_settings import maybe_compile, peak_memory_mb
 
 
 class BertTokenIds:

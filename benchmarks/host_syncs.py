@@ -3,7 +3,7 @@
 Runs one stage, `python -m pipeline <command> ...`, in this process under
 `torch.cuda.set_sync_debug_mode("warn")`: every operation that blocks the host until the device catches up (a
 device tensor read on the host, a blocking copy, a boolean mask's count) raises a warning, which is recorded with
-its Python stack. Each one is attributed to an optimizer step of the training loop (`pipeline.train.train`'s
+its Python stack. Each one is attributed to an optimizer step of the training loop (`pipeline.training.loop.train`'s
 `step`) or to the stage outside the loop, and located by the innermost frame of pipeline/ and the innermost frame
 of any library. Writes JSON: the host syncs of each loop step apart from the log reads, and where they happen.
 
@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 import pipeline
-from pipeline import train as train_module
+from pipeline.training import loop as training_loop
 from pipeline.__main__ import main as pipeline_main
 
 PIPELINE_DIR = str(Path(pipeline.__file__).parent)
@@ -64,7 +64,7 @@ class SyncRecorder:
         step, in_train = None, False
         walker = frame
         while walker is not None:
-            if walker.f_code is train_module.train.__code__:
+            if walker.f_code is training_loop.train.__code__:
                 in_train = True
                 step = walker.f_locals.get("step")
                 break

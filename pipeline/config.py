@@ -105,7 +105,7 @@ class TokenizerConfig:
 
 @dataclass
 class TrainConfig:
-    """One training run of the shared loop (pipeline/train.py)."""
+    """One training run of the shared loop (pipeline/training/)."""
 
     epochs: float = option(1.0, "Passes over the training data (ignored when max_steps is set).", exclusiveMinimum=0.0)
     max_steps: int | None = option(None, "Optimizer steps; overrides epochs when set.", minimum=1)

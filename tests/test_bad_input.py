@@ -19,7 +19,7 @@ import torch
 
 from pipeline.artifacts import ManifestError, atomic_output_dir, write_manifest
 from pipeline.config import TrainConfig
-from pipeline.train import train
+from pipeline.training.loop import train
 from tests.conftest import PROJECT_ROOT
 
 CONTEXT = "Paris is the capital of France. Lyon is the third city."  # "France" at 24

@@ -199,7 +199,8 @@ def test_the_training_step_reads_loss_tensors_on_the_host_only_at_log_steps(tmp_
     # On a GPU every .item() / float() / int() / tolist() of a device tensor waits for the device. The loop's own
     # code (pipeline/) may read tensors only when it logs: count those reads over a run of 12 steps, logging every
     # 4. Batches are built in a loader worker, a process of its own.
-    from pipeline import train as train_module
+    import pipeline
+    from pipeline.training import loop
 
     _, tokenizer = trained_tokenizer
     model = TinyMaskedLM(len(tokenizer))
@@ -212,7 +213,7 @@ def test_the_training_step_reads_loss_tensors_on_the_host_only_at_log_steps(tmp_
         return {"loss": loss, "mlm": loss.detach()}
 
     reads = []
-    pipeline_dir = str(Path(train_module.__file__).parent)
+    pipeline_dir = str(Path(pipeline.__file__).parent)
 
     def counting(original):
         def read(self, *args, **kwargs):
@@ -229,7 +230,7 @@ def test_the_training_step_reads_loss_tensors_on_the_host_only_at_log_steps(tmp_
     cfg = TrainConfig(max_steps=12, grad_accum_steps=2, log_every=4, checkpoint_every=100, learning_rate=1e-3,
                       dataloader_workers=1, max_tokens_per_batch=256)
     lengths = np.array([len(s) + 2 for s in sequences])
-    result = train_module.train(
+    result = loop.train(
         module=model, compute_loss=compute_loss, examples=sequences, collate=collator, cfg=cfg, seed=1,
         device=torch.device("cpu"), checkpoint_dir=tmp_path / "ckpt", log_path=tmp_path / "log.jsonl",
         fingerprint="f", batch_plan=lambda epoch: token_budget_batches(lengths, 256, 1, epoch),

@@ -16,7 +16,8 @@ import torch
 from safetensors.torch import load_file
 
 from pipeline.config import to_dict
-from pipeline.train import ProcessGroup, epoch_batches, shard
+from pipeline.training.batching import epoch_batches, shard
+from pipeline.training.processes import ProcessGroup
 from tests.conftest import PROJECT_ROOT
 from tests.stage_fixtures import build_tiny_artifacts, tiny_config
 

@@ -3,7 +3,6 @@
 import json
 
 from pipeline import results_tables
-from tests.conftest import PROJECT_ROOT
 
 
 def test_the_readme_and_results_tables_are_what_the_committed_result_files_give():

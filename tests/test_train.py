@@ -7,7 +7,8 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from pipeline.config import TrainConfig
-from pipeline.train import count_optimizer_steps, epoch_batches, train
+from pipeline.training.batching import count_optimizer_steps, epoch_batches
+from pipeline.training.loop import train
 
 N_EXAMPLES = 40
 LENGTHS = [(index * 7) % 13 + 1 for index in range(N_EXAMPLES)]  # stand-in token counts
@@ -185,7 +186,7 @@ def test_clipping_bounds_the_accumulated_gradient_norm(tmp_path):
 
 
 def test_metrics_round_and_report_throughput_per_process_too():
-    from pipeline.train import TrainResult
+    from pipeline.training.loop import TrainResult
 
     result = TrainResult(steps=10, micro_batches=20, train_seconds=12.34567, tokens_per_second=1001.26,
                          final_terms={"loss": 0.1234567, "kd": 2.0}, peak_memory_mb=512.36, resumed_from_step=4,
@@ -200,7 +201,7 @@ def test_metrics_round_and_report_throughput_per_process_too():
 
 
 def test_adamw_decays_matrices_only_and_takes_the_configured_settings():
-    from pipeline.train import build_optimizer
+    from pipeline.training.loop import build_optimizer
 
     module = torch.nn.ModuleDict({"linear": torch.nn.Linear(4, 3), "norm": torch.nn.LayerNorm(3),
                                   "frozen": torch.nn.Linear(2, 2)})
@@ -219,7 +220,7 @@ def test_adamw_decays_matrices_only_and_takes_the_configured_settings():
 
 
 def test_a_global_batch_is_split_by_rank_and_a_short_one_padded_with_its_first_examples():
-    from pipeline.train import shard
+    from pipeline.training.batching import shard
 
     assert shard([5, 6, 7], 0, 1) == [5, 6, 7]
     assert shard([1, 2, 3, 4, 5], 0, 2) == [1, 3, 5] and shard([1, 2, 3, 4, 5], 1, 2) == [2, 4, 1]
@@ -239,7 +240,8 @@ def test_the_data_order_is_a_fixed_function_of_seed_and_epoch():
 
 
 def test_step_counts_cover_every_process_and_never_fall_to_zero():
-    from pipeline.train import ProcessGroup, examples_per_batch_plan, rank_batches
+    from pipeline.training.batching import examples_per_batch_plan, rank_batches
+    from pipeline.training.processes import ProcessGroup
 
     # 20 examples, 4 per rank and micro-batch, 2 ranks: 3 micro-batches per rank and epoch (the last padded)
     plan = examples_per_batch_plan(20, 4, seed=1, world_size=2)
@@ -252,7 +254,8 @@ def test_step_counts_cover_every_process_and_never_fall_to_zero():
 
 
 def test_the_micro_batch_stream_yields_exactly_the_remaining_batches_of_this_rank():
-    from pipeline.train import ProcessGroup, micro_batch_stream
+    from pipeline.training.batching import micro_batch_stream
+    from pipeline.training.processes import ProcessGroup
 
     examples = list(range(10))
 
@@ -271,18 +274,18 @@ def test_the_micro_batch_stream_yields_exactly_the_remaining_batches_of_this_ran
 
 
 def test_resuming_drops_the_log_lines_written_after_the_checkpoint(tmp_path):
-    from pipeline.train import _truncate_log_after
+    from pipeline.training.checkpoints import truncate_log_after
 
-    _truncate_log_after(tmp_path / "missing.jsonl", 3)
+    truncate_log_after(tmp_path / "missing.jsonl", 3)
     assert not (tmp_path / "missing.jsonl").exists()
     log = tmp_path / "log.jsonl"
     log.write_text('{"step": 2, "loss": 1}\n\n{"note": "no step"}\n{"step": 3}\n{"step": 4}\n')
-    _truncate_log_after(log, 3)
+    truncate_log_after(log, 3)
     assert log.read_text() == '{"step": 2, "loss": 1}\n{"note": "no step"}\n{"step": 3}\n'
 
 
 def _save(tmp_path, step, fingerprint="run", keep=5, checkpoint_dir=None):
-    from pipeline.train import save_checkpoint
+    from pipeline.training.checkpoints import save_checkpoint
 
     module = TinyRegressor()
     optimizer = torch.optim.AdamW(module.parameters())
@@ -291,7 +294,7 @@ def _save(tmp_path, step, fingerprint="run", keep=5, checkpoint_dir=None):
 
 
 def test_checkpoints_are_listed_in_step_order_and_only_the_newest_kept(tmp_path):
-    from pipeline.train import _checkpoint_dirs
+    from pipeline.training.checkpoints import _checkpoint_dirs
 
     nested = tmp_path / "a" / "b" / "ckpt"
     for step in (3, 6, 9):
@@ -309,7 +312,7 @@ def test_checkpoints_are_listed_in_step_order_and_only_the_newest_kept(tmp_path)
 
 def test_the_newest_usable_checkpoint_is_chosen_and_unusable_newer_ones_removed(tmp_path, caplog):
     from pipeline.artifacts import ManifestError
-    from pipeline.train import latest_checkpoint
+    from pipeline.training.checkpoints import latest_checkpoint
 
     checkpoints = tmp_path / "ckpt"
     _save(tmp_path, 3)
@@ -331,7 +334,7 @@ def test_the_newest_usable_checkpoint_is_chosen_and_unusable_newer_ones_removed(
 
 
 def test_cpu_runs_pick_the_cpu_without_autocast(monkeypatch):
-    from pipeline.train import maybe_compile, mixed_precision, peak_memory_mb, resolve_device, use_bf16
+    from pipeline.training.run_settings import maybe_compile, mixed_precision, peak_memory_mb, resolve_device, use_bf16
 
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
     cpu = torch.device("cpu")
@@ -349,7 +352,8 @@ def test_cpu_runs_pick_the_cpu_without_autocast(monkeypatch):
 def test_the_launcher_environment_and_the_run_settings_are_applied(monkeypatch):
     import random
 
-    from pipeline.train import ProcessGroup, prepare_run, process_group_from_env
+    from pipeline.training.processes import ProcessGroup, process_group_from_env
+    from pipeline.training.run_settings import prepare_run
 
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
@@ -376,7 +380,8 @@ def test_the_launcher_environment_and_the_run_settings_are_applied(monkeypatch):
 
 
 def test_token_weights_come_from_the_plan_and_make_a_per_token_mean_over_every_rank(tmp_path):
-    from pipeline.train import ProcessGroup, all_ranks_sum, all_ranks_sum_tensors, planned_token_weights
+    from pipeline.training.batching import planned_token_weights
+    from pipeline.training.processes import ProcessGroup, all_ranks_sum, all_ranks_sum_tensors
 
     tokens = [10, 30, 60, 5, 15, 20, 7, 3]  # example i has tokens[i] loss tokens
     # Two ranks, batch b for rank b % 2: rank 0 takes [0], [2], [4, 5]; rank 1 takes [1], [3], [6, 7].
@@ -513,7 +518,7 @@ class NotATensor:
 
 
 def _load_into_fresh(path):
-    from pipeline.train import load_checkpoint
+    from pipeline.training.checkpoints import load_checkpoint
 
     module = TinyRegressor()
     optimizer = torch.optim.AdamW(module.parameters())
@@ -543,7 +548,7 @@ def test_a_checkpoint_of_another_model_is_refused_naming_it(tmp_path):
 
 
 def test_a_checkpoint_without_its_manifest_is_discarded(tmp_path):
-    from pipeline.train import latest_checkpoint
+    from pipeline.training.checkpoints import latest_checkpoint
 
     kept = _save(tmp_path, 3)
     newer = _save(tmp_path, 6)

@@ -36,9 +36,9 @@ from pipeline.model_card import mlm_student_card, write_model_card
 from pipeline.mlm import MaskedBatchCollator, masked_token_accuracy, rows, special_token_ids
 from pipeline.packed_encoder import PackedBertEncoder, PackedDistilBertEncoder, encoder_inputs
 from pipeline.students import freeze
-from pipeline.train import (
-    is_main_process, maybe_compile, once_per_node, prepare_run, process_group_from_env, train, use_bf16,
-)
+from pipeline.training.loop import train
+from pipeline.training.processes import is_main_process, once_per_node, process_group_from_env
+from pipeline.training.run_settings import maybe_compile, prepare_run, use_bf16
 
 logger = logging.getLogger(__name__)
 

@@ -53,7 +53,9 @@ from pipeline.losses import (
 from pipeline.model_card import qa_student_card, write_model_card
 from pipeline.students import freeze
 from pipeline.students import LayerMappingError, teacher_layers_for_student
-from pipeline.train import is_main_process, prepare_run, seed_everything, train, use_bf16
+from pipeline.training.loop import train
+from pipeline.training.processes import is_main_process
+from pipeline.training.run_settings import prepare_run, seed_everything, use_bf16
 
 logger = logging.getLogger(__name__)
 

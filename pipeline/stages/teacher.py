@@ -27,7 +27,9 @@ from pipeline.losses import masked_lm_loss
 from pipeline.model_card import mlm_teacher_card, qa_teacher_card, write_model_card
 from pipeline.corpus import TokenizedCorpus, copy_ids_to_node, node_local_ids_path, token_budget_batches
 from pipeline.mlm import MaskedBatchCollator, masked_token_accuracy, rows
-from pipeline.train import is_main_process, once_per_node, prepare_run, process_group_from_env, train
+from pipeline.training.loop import train
+from pipeline.training.processes import is_main_process, once_per_node, process_group_from_env
+from pipeline.training.run_settings import prepare_run
 
 logger = logging.getLogger(__name__)
 
