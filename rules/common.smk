@@ -10,7 +10,7 @@ from pipeline.code_inputs import command_code_files
 from pipeline.config import PipelineConfig, from_dict, to_dict
 from pipeline.data import check_local_files, configured_local_paths, local_data_files
 from pipeline.deploy import check_local_model, deploy_root
-from pipeline.stages import study as study_stage
+from pipeline import squad_objectives
 
 CFG = from_dict(PipelineConfig, config)  # cross-field checks the schema cannot express
 FULL = to_dict(CFG)
@@ -185,14 +185,14 @@ WEB_CLIENT_FILES = [*(str(WEB_CLIENT / "scripts" / name) for name in ("bench.mjs
 
 
 # Target `study`: the runs (objective x seed) its rules build.
-STUDY_RUNS = study_stage.run_names(CFG.study.variants)
+STUDY_RUNS = squad_objectives.run_names(CFG.study.variants)
 for _run in STUDY_RUNS:  # a run config that does not validate stops here, before any job
-    from_dict(PipelineConfig, study_stage.run_config(FULL, _run, CFG.study.seeds[0]))
+    from_dict(PipelineConfig, squad_objectives.run_config(FULL, _run, CFG.study.seeds[0]))
 
 
 def study_run_config(wildcards):
     """The config sections a study run reads: its variant's distill_squad settings and seed."""
-    chosen = study_stage.run_config(FULL, wildcards.run, int(wildcards.seed))
+    chosen = squad_objectives.run_config(FULL, wildcards.run, int(wildcards.seed))
     sections = {name: chosen[name] for name in ("seed", "squad", "distill_squad")}
     sections["compute"] = {key: chosen["compute"][key] for key in TRAINING_LAUNCH_KEYS}
     return json.dumps(sections, sort_keys=True)

@@ -16,7 +16,7 @@ rule study_run:
         teacher=rules.teacher_finetune.output[0],
         mlm_teacher=[MLM_TEACHER] if AUGMENT and TEACHER_FROM_SCRATCH else [],
         data=rules.prepare_data.output[0],
-        code=sorted(set(code("distill-squad")) | set(code("study-summary"))),  # study_stage.run_config too
+        code=code("distill-squad"),  # squad_objectives.run_config, which sets the run's objectives, is in it
     output:
         directory(f"{ROOT}/study/{{run}}/seed{{seed}}"),
     wildcard_constraints:
@@ -25,7 +25,7 @@ rule study_run:
     params:
         cfg=study_run_config,
         student=SQUAD_STUDENT,
-        teacher=lambda wildcards, input: "--ce-only" if wildcards.run == study_stage.BASELINE
+        teacher=lambda wildcards, input: "--ce-only" if wildcards.run == squad_objectives.BASELINE
         else f"--teacher-dir {shlex.quote(str(input.teacher))} {MLM_TEACHER_ARG}",
         work=lambda wildcards: f"{ROOT}/work/study/{wildcards.run}/seed{wildcards.seed}",
     log:

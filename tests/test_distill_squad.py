@@ -7,6 +7,7 @@ import torch
 from transformers import BertConfig, DistilBertForMaskedLM
 
 from pipeline.config import ConfigError
+from pipeline import squad_objectives
 from pipeline.stages import distill_squad
 from tests.stage_fixtures import build_tiny_artifacts, tiny_config
 
@@ -121,10 +122,10 @@ def test_width_mismatch_without_projection_fails_naming_the_key(artifacts):
     teacher_config = BertConfig.from_pretrained(artifacts["qa_teacher"])
     cfg = tiny_config(distill_squad={"objectives": ["tinybert"], "tinybert": {"projection": False}}).distill_squad
     with pytest.raises(ConfigError, match=r"distill_squad\.tinybert\.projection"):
-        distill_squad.distillation_plan(cfg, student_config, teacher_config)
+        squad_objectives.distillation_plan(cfg, student_config, teacher_config)
     cfg_with_projection = tiny_config(distill_squad={"objectives": ["tinybert"]}).distill_squad
     student_config.n_heads = teacher_config.num_attention_heads
-    plan = distill_squad.distillation_plan(cfg_with_projection, student_config, teacher_config)
+    plan = squad_objectives.distillation_plan(cfg_with_projection, student_config, teacher_config)
     assert plan["needs_projection"] is True
 
 
@@ -167,7 +168,7 @@ def tiny_models(artifacts):
 
 def test_kd_positions_are_cls_and_the_context_tokens_only(artifacts):
     tokenizer, windows = tiny_windows(artifacts)
-    keep = distill_squad.kd_positions(windows, tokenizer.sep_token_id)
+    keep = squad_objectives.kd_positions(windows, tokenizer.sep_token_id)
     for row, input_ids in enumerate(windows["input_ids"].tolist()):
         seps = [k for k, token in enumerate(input_ids) if token == tokenizer.sep_token_id]
         assert len(seps) == 2 and input_ids[0] == tokenizer.cls_token_id
@@ -181,7 +182,7 @@ def test_kd_term_is_invariant_to_teacher_logits_outside_cls_and_context(artifact
     tokenizer, windows = tiny_windows(artifacts)
     student, teacher = tiny_models(artifacts)
     cfg = tiny_config().distill_squad
-    loss = distill_squad.SquadDistillationLoss(student, teacher, cfg, {}, None, tokenizer.sep_token_id)
+    loss = squad_objectives.SquadDistillationLoss(student, teacher, cfg, {}, None, tokenizer.sep_token_id)
     generator = torch.Generator().manual_seed(0)
     windows["teacher_start_logits"] = torch.randn(windows["input_ids"].shape, generator=generator)
     windows["teacher_end_logits"] = torch.randn(windows["input_ids"].shape, generator=generator)
@@ -215,14 +216,14 @@ def test_the_training_loss_is_the_weighted_sum_of_the_tested_terms_at_the_config
     student, teacher = tiny_models(artifacts)
     cfg = tiny_config(distill_squad={"objectives": ["distilbert"], "alpha_task": 0.3,
                                      "distilbert": {"weight": 0.7, "temperature": temperature}}).distill_squad
-    loss = distill_squad.SquadDistillationLoss(student, teacher, cfg, {}, None, tokenizer.sep_token_id)
+    loss = squad_objectives.SquadDistillationLoss(student, teacher, cfg, {}, None, tokenizer.sep_token_id)
     batch = qa.window_collate(windows)(list(range(len(windows["input_ids"]))))
     terms = loss(batch)
     with torch.no_grad():
         student_out = student(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
         teacher_out = teacher(**qa.model_inputs(batch, teacher))
     kd = qa_distillation_loss(student_out.start_logits, student_out.end_logits, teacher_out.start_logits,
-                              teacher_out.end_logits, distill_squad.kd_positions(batch, tokenizer.sep_token_id),
+                              teacher_out.end_logits, squad_objectives.kd_positions(batch, tokenizer.sep_token_id),
                               temperature)
     task = qa_task_loss(student_out.start_logits, student_out.end_logits, batch["start_positions"],
                         batch["end_positions"])
@@ -247,8 +248,8 @@ def test_the_training_loss_is_the_weighted_sum_of_each_tested_term(artifacts, ob
                      "embedding_weight": TERM_WEIGHTS["tb_embedding"],
                      "prediction_weight": TERM_WEIGHTS["tb_prediction"], "temperature": 3.0},
     }).distill_squad
-    plan = distill_squad.distillation_plan(cfg, student.config, teacher.config)
-    loss = distill_squad.SquadDistillationLoss(student, teacher, cfg, plan, None, tokenizer.sep_token_id)
+    plan = squad_objectives.distillation_plan(cfg, student.config, teacher.config)
+    loss = squad_objectives.SquadDistillationLoss(student, teacher, cfg, plan, None, tokenizer.sep_token_id)
     batch = qa.window_collate(windows)(list(range(len(windows["input_ids"]))))
     terms = loss(batch)
 
@@ -261,7 +262,7 @@ def test_the_training_loss_is_the_weighted_sum_of_each_tested_term(artifacts, ob
     expected = {"task": losses.qa_task_loss(s.start_logits, s.end_logits, batch["start_positions"],
                                             batch["end_positions"])}
     if "distilbert" in objectives:
-        keep = distill_squad.kd_positions(batch, tokenizer.sep_token_id)
+        keep = squad_objectives.kd_positions(batch, tokenizer.sep_token_id)
         expected["kd"] = losses.qa_distillation_loss(s.start_logits, s.end_logits, t.start_logits, t.end_logits,
                                                      keep, 2.0)
         layers = plan["pkd_teacher_layers"]
@@ -305,7 +306,7 @@ def test_cached_teacher_logits_match_the_live_teacher_in_the_training_precision(
 
     # Through the loss: the KD term from cached logits equals the one from the live teacher.
     cfg = tiny_config().distill_squad
-    loss = distill_squad.SquadDistillationLoss(student, teacher, cfg, {}, None, tokenizer.sep_token_id)
+    loss = squad_objectives.SquadDistillationLoss(student, teacher, cfg, {}, None, tokenizer.sep_token_id)
     cached = qa.window_collate(windows | fp32)(list(range(len(windows["input_ids"]))))
     assert torch.allclose(loss(cached)["kd"], loss(batch)["kd"], rtol=1e-5)
 
@@ -345,7 +346,7 @@ def test_cache_time_is_part_of_the_reported_training_time(artifacts, tmp_path):
 
 def test_the_teacher_stays_frozen_and_out_of_the_optimizer(artifacts, tmp_path, monkeypatch):
     seen = {"teacher_states": [], "trained": []}
-    real_call, real_train = distill_squad.SquadDistillationLoss.__call__, distill_squad.train
+    real_call, real_train = squad_objectives.SquadDistillationLoss.__call__, distill_squad.train
 
     def spy_call(self, batch):
         teacher = self.teacher
@@ -357,7 +358,7 @@ def test_the_teacher_stays_frozen_and_out_of_the_optimizer(artifacts, tmp_path, 
         seen["trained"] = [id(p) for p in kwargs["module"].parameters()]
         return real_train(**kwargs)
 
-    monkeypatch.setattr(distill_squad.SquadDistillationLoss, "__call__", spy_call)
+    monkeypatch.setattr(squad_objectives.SquadDistillationLoss, "__call__", spy_call)
     monkeypatch.setattr(distill_squad, "train", spy_train)
     # distilbert + pkd runs the teacher live every batch (no logit cache).
     run_distill_squad(artifacts, tmp_path, objectives=["distilbert", "pkd"])
@@ -402,11 +403,11 @@ def test_task_loss_skips_windows_without_a_gold_span():
     out = SimpleNamespace(start_logits=torch.randn(3, 6, requires_grad=True), end_logits=torch.randn(3, 6))
     batch = {"start_positions": torch.tensor([2, -1, 4]), "end_positions": torch.tensor([3, -1, 5]),
              "has_gold": torch.tensor([True, False, True])}
-    loss = distill_squad.SquadDistillationLoss.task_loss(out, batch)
+    loss = squad_objectives.SquadDistillationLoss.task_loss(out, batch)
     keep = torch.tensor([0, 2])
     expected = qa_task_loss(out.start_logits[keep], out.end_logits[keep], torch.tensor([2, 4]), torch.tensor([3, 5]))
     assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
-    none = distill_squad.SquadDistillationLoss.task_loss(out, batch | {"has_gold": torch.zeros(3, dtype=torch.bool)})
+    none = squad_objectives.SquadDistillationLoss.task_loss(out, batch | {"has_gold": torch.zeros(3, dtype=torch.bool)})
     assert none.item() == 0.0 and none.requires_grad  # a batch of augmented windows only: no NaN, no task signal
 
 
@@ -416,24 +417,24 @@ def test_task_loss_skips_windows_without_a_gold_span():
 def test_tinybert_trains_intermediate_layers_first_then_the_prediction_layer():
     cfg = tiny_config(distill_squad={"objectives": ["tinybert", "distilbert"], "train": {"epochs": 3.0, "max_steps": None},
                                      "tinybert": {"intermediate_share": 0.25}}).distill_squad
-    (first_name, first), (second_name, second) = distill_squad.training_phases(cfg)
+    (first_name, first), (second_name, second) = squad_objectives.training_phases(cfg)
     assert (first_name, second_name) == ("intermediate", "prediction")
     assert first.train.epochs == 0.75 and second.train.epochs == 2.25  # the configured budget, split
     assert first.train.max_steps is None and second.train.max_steps is None
     by_steps = tiny_config(distill_squad={"objectives": ["tinybert"], "train": {"max_steps": 10},
                                           "tinybert": {"intermediate_share": 0.3}}).distill_squad
-    assert [phase.train.max_steps for _, phase in distill_squad.training_phases(by_steps)] == [3, 7]
+    assert [phase.train.max_steps for _, phase in squad_objectives.training_phases(by_steps)] == [3, 7]
     assert first.objectives == ["tinybert"] and first.alpha_task == 0 and first.tinybert.prediction_weight == 0
     assert min(first.tinybert.attention_weight, first.tinybert.hidden_weight, first.tinybert.embedding_weight) > 0
     assert second.objectives == ["tinybert", "distilbert"] and second.alpha_task == cfg.alpha_task
     assert second.tinybert.attention_weight == second.tinybert.hidden_weight == second.tinybert.embedding_weight == 0
     assert second.tinybert.prediction_weight == cfg.tinybert.prediction_weight
-    assert not distill_squad.logits_suffice(first) and distill_squad.logits_suffice(second)
+    assert not squad_objectives.logits_suffice(first) and squad_objectives.logits_suffice(second)
     # share 0: every term in one run; other objectives: one run.
     together = tiny_config(distill_squad={"objectives": ["tinybert"], "tinybert": {"intermediate_share": 0}})
-    assert [name for name, _ in distill_squad.training_phases(together.distill_squad)] == ["main"]
+    assert [name for name, _ in squad_objectives.training_phases(together.distill_squad)] == ["main"]
     distilbert = tiny_config(distill_squad={"objectives": ["distilbert"]})
-    assert [name for name, _ in distill_squad.training_phases(distilbert.distill_squad)] == ["main"]
+    assert [name for name, _ in squad_objectives.training_phases(distilbert.distill_squad)] == ["main"]
 
 
 def test_a_two_phase_run_logs_both_phases_and_reuses_a_finished_first_phase(artifacts, tmp_path):

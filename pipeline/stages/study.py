@@ -10,7 +10,7 @@ variant (config section `study`) over N seeds from the same distilled student an
   - per run: the bootstrap standard error of its dev F1 over questions (how much one seed's figure can be trusted);
   - per variant: training seconds (mean), as the runs measured them on this machine.
 
-Run configs (`run_config`): each variant is distill_squad's config with its objectives changed and the seed
+Run configs (pipeline/squad_objectives.py, `run_config`): each variant is distill_squad's config with its objectives changed and the seed
 replaced; TinyBERT runs its two steps (intermediate layers, then prediction layer) as two phases of one run.
 
   python -m pipeline study-summary --config-json CFG --runs-dir artifacts/study --data-dir artifacts/data
@@ -20,47 +20,18 @@ replaced; TinyBERT runs its two steps (intermediate layers, then prediction laye
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import logging
 from pathlib import Path
 
 import numpy as np
 
-from pipeline.statistics import bootstrap_standard_error, per_question_f1, t_interval
 from pipeline.artifacts import atomic_write_json, atomic_write_text, read_json, setup_logging
 from pipeline.config import PipelineConfig, config_from_json
+from pipeline.squad_objectives import BASELINE
+from pipeline.statistics import bootstrap_standard_error, per_question_f1, t_interval
 
 logger = logging.getLogger(__name__)
-
-BASELINE = "ce_only"
-
-
-# ------------------------------------------------------------------------------------------- run configs
-
-
-def run_names(variants: list[str]) -> list[str]:
-    """The training runs behind the variants: one each (TinyBERT's two steps are phases of one run)."""
-    return list(variants)
-
-
-def run_config(full: dict, run: str, seed: int) -> dict:
-    """The whole config (as a plain dict) of one study run: distill_squad's objectives set for the run, the seed
-    replaced; every other setting (weights, temperature, budget, augmentation) is the configured one."""
-    config = copy.deepcopy(full)
-    config["seed"] = seed
-    squad_step = config["distill_squad"]
-    if run == "pkd_skip" or run == "pkd_last":
-        squad_step["objectives"] = ["distilbert", "pkd"]  # PKD = (1-alpha) CE + alpha KD + beta PT
-        squad_step["pkd"]["scheme"] = "skip" if run == "pkd_skip" else "last"
-    elif run == "distilbert":
-        squad_step["objectives"] = ["distilbert"]
-    elif run == "tinybert":
-        # Intermediate layers for tinybert.intermediate_share of the epochs, then the prediction layer.
-        squad_step["objectives"] = ["tinybert"]
-    elif run != BASELINE:
-        raise ValueError(f"unknown study run {run!r}")
-    return config
 
 
 # -------------------------------------------------------------------------------------------------- run
