@@ -33,7 +33,7 @@ import torch
 
 from pipeline.artifacts import read_manifest
 from pipeline.config import ConfigError, DataConfig
-from pipeline.data import looks_like_a_path
+from pipeline.data_sources import looks_like_a_path
 
 logger = logging.getLogger(__name__)
 

@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 from pipeline.config import PipelineConfig
+from pipeline.data_sources import names_a_local_path
 from pipeline.errors import PipelineError
 
 SUPPORTED_MODEL_TYPES = ("bert", "distilbert")
@@ -27,8 +28,6 @@ def deploy_root(cfg: PipelineConfig) -> str:
     """Where a deploy build goes: <output_root>/deploy/<name>, so it never mixes with the training DAG's outputs.
     name: a local folder's own name (resolved, so "." and ".." name a real folder), a hub model's owner--name, and
     --<revision> when one is pinned. Deploying another model of the same name replaces that build."""
-    from pipeline.data import names_a_local_path
-
     source = cfg.deploy.model
     name = Path(source).resolve().name if names_a_local_path(source) else source.strip("/").replace("/", "--")
     if cfg.deploy.revision:

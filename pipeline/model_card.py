@@ -15,7 +15,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from pipeline.artifacts import atomic_write_text, config_sha256, cpu_description, library_versions, read_json
 from pipeline.config import PipelineConfig
-from pipeline.data import names_a_local_path
+from pipeline.data_sources import names_a_local_path
 
 LICENSE = "apache-2.0"  # the project's license (pyproject.toml); the data's own licenses are named in the body
 CARD_FILE = "README.md"

@@ -8,7 +8,7 @@ from pathlib import Path
 from pipeline.artifacts import bundled_model, exported_models
 from pipeline.code_inputs import command_code_files
 from pipeline.config import PipelineConfig, from_dict, to_dict
-from pipeline.data import check_local_files, configured_local_paths, local_data_files
+from pipeline.data_sources import check_local_files, configured_local_paths, local_data_files
 from pipeline.deploy import check_local_model, deploy_root
 from pipeline import squad_objectives
 

@@ -7,7 +7,8 @@ import datasets
 import pytest
 
 from pipeline.config import PipelineConfig, from_dict
-from pipeline.data import DataError, LoadReport, check_local_files, load_squad, looks_like_a_path
+from pipeline.data import DataError, LoadReport, load_squad
+from pipeline.data_sources import MissingSourceError, check_local_files, looks_like_a_path
 
 PARIS_CONTEXT = "Paris is the capital of France. Lyon is the third city."  # "France" at 24, "Lyon" at 32
 
@@ -152,7 +153,7 @@ def test_every_missing_local_path_of_the_config_is_named_with_its_key(tmp_path):
                                      "teacher": {"pretrained": "./teachers/bert"},
                                      "student": {"pretrained": str(tmp_path / "students" / "small")},
                                      "export": {"full_size": {"distilbert_pretrained": "distilbert-base-uncased"}}})
-    with pytest.raises(DataError) as raised:
+    with pytest.raises(MissingSourceError) as raised:
         check_local_files(cfg)
     message = str(raised.value)
     assert f"data.squad: {tmp_path / 'train.json'}" in message and "data.squad_dev: dev.jsonl" in message

@@ -173,7 +173,7 @@ def test_the_readme_command_plans_the_deploy_dag_with_no_training_rule(tmp_path)
 
 
 def test_prepare_data_for_a_deploy_writes_the_dev_set_only(squad2_dev_sample, tmp_path):
-    from pipeline.data import configured_local_paths
+    from pipeline.data_sources import configured_local_paths
     from pipeline.stages import prepare_data
 
     cfg = tiny_config(deploy={"model": "owner/qa"}, data={"squad": "squad", "squad_dev": str(squad2_dev_sample),

@@ -22,7 +22,8 @@ from pipeline import synthetic
 from pipeline.artifacts import atomic_output_dir, atomic_write_json, setup_logging
 from pipeline.config import ConfigError, PipelineConfig, config_from_json
 from pipeline.corpus import GENERATED_CORPUS_FILE, corpus_source, iter_documents
-from pipeline.data import DataError, deploy_dev_source, load_squad, looks_like_a_path
+from pipeline.data import DataError, load_squad
+from pipeline.data_sources import deploy_dev_source, looks_like_a_path
 
 logger = logging.getLogger(__name__)
 
