@@ -173,12 +173,7 @@ def train(
     loss_computation = wrap_for_processes(module, compute_loss, group, device, find_unused_parameters,
                                           static_graph=static_graph and cfg.grad_accum_steps == 1)
     if group.is_main:
-        if start_step:
-            logger.info("%s: resuming from step %d of %d", description, start_step, total_steps)
-            truncate_log_after(log_path, start_step)
-        elif log_path.exists():
-            log_path.unlink()
-        log_path.parent.mkdir(parents=True, exist_ok=True)
+        start_log(log_path, start_step, total_steps, description)
         logger.info(
             "%s: %d process(es) x %d micro-batches per step, %d steps; precision %s on %s; %d loader worker(s)",
             description, group.world_size, cfg.grad_accum_steps, total_steps, precision, device,
@@ -197,13 +192,11 @@ def train(
         total=total_steps, initial=start_step, desc=description, file=sys.stderr, mininterval=2.0, dynamic_ncols=True,
         disable=not group.is_main,
     )
-    interval_terms: dict[str, torch.Tensor] = {}  # on the device: read once per log interval
-    interval_micro_batches = 0
-    interval_tokens = 0
+    interval = LogInterval(log_path, description, group, device)
     total_tokens = 0
     first_step_seconds = 0.0
     final_terms: dict[str, float] = {}
-    run_start = interval_start = time.perf_counter()
+    run_start = time.perf_counter()
 
     # Each micro-batch's weight is known from the plan before its step starts; micro-batches then go to the device
     # one at a time, each forward and backward as it arrives.
@@ -225,50 +218,19 @@ def train(
                     terms = loss_computation(batch)
                 loss = terms["loss"] / cfg.grad_accum_steps if scale is None else terms["loss"] * scale
                 scaler.scale(loss).backward()
-            for name, value in terms.items():
-                value = value.detach().float()
-                interval_terms[name] = interval_terms[name] + value if name in interval_terms else value
-            interval_micro_batches += 1
-            interval_tokens += tokens
+            interval.add(terms, tokens)
             total_tokens += tokens
             del batch, terms, loss  # this micro-batch's device tensors go before the next one is copied
-        scaler.unscale_(optimizer)
-        if cfg.max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.max_grad_norm)
-        scaler.step(optimizer)
-        scaler.update()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        optimizer_step(module, optimizer, scheduler, scaler, cfg.max_grad_norm)
         step += 1
         progress.update(1)
         if step == start_step + 1:
             first_step_seconds = seconds_since_process_start()
 
         if step % cfg.log_every == 0 or step == total_steps:
-            elapsed = time.perf_counter() - interval_start
-            names = sorted(interval_terms)
-            # The one host read of the interval: every term, summed over the ranks with the micro-batch and
-            # token counts, so the log describes the whole job and not rank 0's shard.
-            sums = all_ranks_sum_tensors([interval_terms[n] for n in names],
-                                         [interval_micro_batches, interval_tokens], group, device)
-            n_micro_batches, job_tokens = sums[-2], sums[-1]
-            final_terms = {name: total / n_micro_batches for name, total in zip(names, sums)}
-            record = {
-                "step": step,
-                "epoch": round(step * cfg.grad_accum_steps / batches_per_epoch, 4),
-                "lr": scheduler.get_last_lr()[0],
-                "tokens_per_second": round(job_tokens / max(elapsed, 1e-9), 1),
-                "effective_batch_size": effective_batch,
-                **{name: round(value, 6) for name, value in final_terms.items()},
-            }
-            if group.is_main:
-                with log_path.open("a") as handle:
-                    handle.write(json.dumps(record) + "\n")
-                logger.info("%s %s", description, " ".join(f"{k}={v}" for k, v in record.items()))
-                progress.set_postfix(loss=f"{final_terms['loss']:.4f}")
-            interval_terms.clear()
-            interval_micro_batches = interval_tokens = 0
-            interval_start = time.perf_counter()
+            final_terms = interval.write(step=step, epoch=round(step * cfg.grad_accum_steps / batches_per_epoch, 4),
+                                         lr=scheduler.get_last_lr()[0], effective_batch_size=effective_batch)
+            progress.set_postfix(loss=f"{final_terms['loss']:.4f}")
 
         if step % cfg.checkpoint_every == 0 and step < total_steps:
             save_checkpoint(checkpoint_dir, step, module, optimizer, scheduler, fingerprint, cfg.keep_checkpoints,
@@ -302,6 +264,69 @@ def train(
         gc.collect()
         torch.distributed.destroy_process_group()
     return result
+
+
+def optimizer_step(module: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, scaler: torch.amp.GradScaler,
+                   max_grad_norm: float) -> None:
+    """The accumulated gradients, unscaled (fp16) and clipped, make one AdamW step; the schedule advances."""
+    scaler.unscale_(optimizer)
+    if max_grad_norm > 0:
+        torch.nn.utils.clip_grad_norm_(module.parameters(), max_grad_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def start_log(log_path: Path, start_step: int, total_steps: int, description: str) -> None:
+    """The run's JSON Lines log: kept up to the checkpoint a resumed run starts from, else started afresh."""
+    if start_step:
+        logger.info("%s: resuming from step %d of %d", description, start_step, total_steps)
+        truncate_log_after(log_path, start_step)
+    elif log_path.exists():
+        log_path.unlink()
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+
+
+class LogInterval:
+    """The loss terms, micro-batches and tokens of the steps since the last log line. Terms stay on the device
+    until write(), the interval's one host read."""
+
+    def __init__(self, log_path: Path, description: str, group, device: torch.device):
+        self.log_path, self.description, self.group, self.device = log_path, description, group, device
+        self.terms: dict[str, torch.Tensor] = {}
+        self.micro_batches = self.tokens = 0
+        self.start = time.perf_counter()
+
+    def add(self, terms: dict[str, torch.Tensor], tokens: int) -> None:
+        for name, value in terms.items():
+            value = value.detach().float()
+            self.terms[name] = self.terms[name] + value if name in self.terms else value
+        self.micro_batches += 1
+        self.tokens += tokens
+
+    def write(self, step: int, **fields: Any) -> dict[str, float]:
+        """Log the interval's mean terms and throughput (rank 0 writes) and start the next; returns the means."""
+        elapsed = time.perf_counter() - self.start
+        names = sorted(self.terms)
+        # Every term summed over the ranks with the micro-batch and token counts, so the log describes the whole
+        # job and not rank 0's shard.
+        sums = all_ranks_sum_tensors([self.terms[n] for n in names], [self.micro_batches, self.tokens],
+                                     self.group, self.device)
+        n_micro_batches, job_tokens = sums[-2], sums[-1]
+        means = {name: total / n_micro_batches for name, total in zip(names, sums)}
+        record = {"step": step, "epoch": fields["epoch"], "lr": fields["lr"],
+                  "tokens_per_second": round(job_tokens / max(elapsed, 1e-9), 1),
+                  "effective_batch_size": fields["effective_batch_size"],
+                  **{name: round(value, 6) for name, value in means.items()}}
+        if self.group.is_main:
+            with self.log_path.open("a") as handle:
+                handle.write(json.dumps(record) + "\n")
+            logger.info("%s %s", self.description, " ".join(f"{k}={v}" for k, v in record.items()))
+        self.terms.clear()
+        self.micro_batches = self.tokens = 0
+        self.start = time.perf_counter()
+        return means
 
 
 def _batch_tokens(batch: Batch) -> int:
