@@ -68,15 +68,59 @@ def workflow_rules() -> dict:
         return {rule.name: (rule.shellcmd or "", list(rule.input.get("code", []))) for rule in workflow.rules}
 
 
+# Imports every stage module in one interpreter with `__import__` recording which package module imports which:
+# one process instead of one per stage (each would import torch, transformers and onnxruntime again).
+RECORD_IMPORTS = r"""
+import builtins, importlib, json, sys
+
+edges = {}
+real_import = builtins.__import__
+
+
+def recording_import(name, globals=None, locals=None, fromlist=(), level=0):
+    module = real_import(name, globals, locals, fromlist, level)
+    importer = (globals or {}).get("__name__", "")
+    if importer.split(".")[0] == "pipeline" and name.split(".")[0] == "pipeline":
+        imported = [name] + [f"{name}.{item}" for item in fromlist or () if f"{name}.{item}" in sys.modules]
+        edges.setdefault(importer, set()).update(imported)
+    return module
+
+
+builtins.__import__ = recording_import
+for stage in sys.argv[1:]:
+    importlib.import_module(stage)
+files = {name: module.__file__ for name, module in list(sys.modules.items())
+         if name.split(".")[0] == "pipeline" and getattr(module, "__file__", None)}
+print(json.dumps({"edges": {k: sorted(v) for k, v in edges.items()}, "files": files}))
+"""
+
+
 @functools.lru_cache(maxsize=None)
+def recorded_import_graph(modules: tuple[str, ...]) -> dict:
+    completed = subprocess.run([sys.executable, "-c", RECORD_IMPORTS, *modules], capture_output=True, text=True,
+                               check=True, cwd=PROJECT_ROOT)
+    return json.loads(completed.stdout)
+
+
 def runtime_imports(module: str) -> frozenset[str]:
-    """The package's files that importing `module` loads, seen by Python itself (module-level imports only)."""
-    script = (f"import importlib, json, sys; importlib.import_module({module!r}); "
-              "print(json.dumps([m.__file__ for m in list(sys.modules.values()) if getattr(m, '__file__', None)]))")
-    completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
-                               cwd=PROJECT_ROOT)
-    return frozenset(str(Path(path).resolve()) for path in json.loads(completed.stdout)
-                     if Path(path).resolve().is_relative_to(PACKAGE))
+    """The package's files that importing `module` loads, seen by Python itself (module-level imports only): the
+    modules it imports at any depth, each with its parent packages, whose `__init__` runs first."""
+    graph = recorded_import_graph(tuple(sorted({module for module, _ in COMMANDS.values()})))
+    edges, files = graph["edges"], graph["files"]
+
+    def with_parents(name: str) -> list[str]:
+        parts = name.split(".")
+        return [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+
+    reached, pending = set(), with_parents(module)
+    while pending:
+        name = pending.pop()
+        if name in reached:
+            continue
+        reached.add(name)
+        for imported in edges.get(name, ()):
+            pending.extend(with_parents(imported))
+    return frozenset(str(Path(files[name]).resolve()) for name in reached if name in files)
 
 
 def test_every_stage_rule_lists_exactly_its_import_closure():
