@@ -1,61 +1,91 @@
 """Builds that start with the test session and run in the background (tests/conftest.py): the DAG run of
 tests/dag_run.py and the documented deploy of tests/deploy_run.py. Their jobs leave a core idle much of the time
 (one job after another on a critical path, Snakemake planning), which the tests that run meanwhile use; the tests
-that read a build run last and wait for it."""
+that read a build run last and wait for it.
 
-import os
-import signal
+Each build runs in a process of its own, started with the "spawn" method (a fresh interpreter): the test process
+gets no extra thread, so a test that forks (a DataLoader worker, a launcher) never copies a lock another thread
+holds, which would leave the forked child waiting forever."""
+
+import multiprocessing
 import subprocess
-import threading
 from typing import Callable
+
+import psutil
+
+
+def start(command: list[str] | str, **options) -> subprocess.Popen:
+    """subprocess.Popen(command, **options) in a new process group (session): a build can kill a command with
+    its jobs (tests/dag_run.py kills a run the way a node goes down)."""
+    return subprocess.Popen(command, start_new_session=True, **options)
+
+
+def run(command: list[str] | str, timeout: float, **options) -> subprocess.CompletedProcess:
+    """subprocess.run(command, capture_output=True, text=True, timeout=timeout, **options), started by start()."""
+    process = start(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **options)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_with_descendants(process.pid)
+        raise
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def kill_with_descendants(pid: int) -> None:
+    """SIGKILL to `pid` and every process below it, whatever process group or session each is in."""
+    try:
+        root = psutil.Process(pid)
+        processes = root.children(recursive=True) + [root]
+    except psutil.NoSuchProcess:
+        return
+    for process in processes:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(processes, timeout=10)
+
+
+def _build_and_send(build: Callable, connection) -> None:
+    """The build process: `build(run=run, start=start)`, and what it returned or raised sent back."""
+    try:
+        outcome = build(run=run, start=start)
+    except BaseException as error:  # raised again by result(), in the test that reads the build
+        outcome = error
+    connection.send(outcome)
+    connection.close()
 
 
 class InBackground:
-    """`build(run=self.run, start=self.start)` in a thread of its own. Every command it runs goes through `run` or
-    `start`, in a process group of its own, so that stop() can kill it with its jobs (a session that ends first)."""
+    """`build(run=..., start=...)` in a spawned process; `build` and what it returns must pickle (module-level
+    functions, dataclasses of paths and completed processes)."""
 
     def __init__(self, build: Callable, name: str):
-        self._processes: list[subprocess.Popen] = []
-        self._stopping = threading.Event()
+        context = multiprocessing.get_context("spawn")
+        self._receiving, sending = context.Pipe(duplex=False)
+        self._process = context.Process(target=_build_and_send, args=(build, sending), name=name, daemon=True)
+        self._process.start()
+        sending.close()  # the parent keeps only its receiving end: a build that dies closes the pipe
         self._outcome = None
-        self._thread = threading.Thread(target=self._build, args=(build,), name=name, daemon=True)
-        self._thread.start()
-
-    def _build(self, build: Callable) -> None:
-        try:
-            self._outcome = build(run=self.run, start=self.start)
-        except BaseException as error:  # raised again by result(), in the test that reads the build
-            self._outcome = error
-
-    def start(self, command: list[str] | str, **options) -> subprocess.Popen:
-        """subprocess.Popen(command, **options) in a new process group (session)."""
-        if self._stopping.is_set():
-            raise RuntimeError("the test session ended before this build")
-        process = subprocess.Popen(command, start_new_session=True, **options)
-        self._processes.append(process)
-        return process
-
-    def run(self, command: list[str] | str, timeout: float, **options) -> subprocess.CompletedProcess:
-        """subprocess.run(command, capture_output=True, text=True, timeout=timeout, **options), started by start()."""
-        process = self.start(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **options)
-        try:
-            stdout, stderr = process.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            raise
-        return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+        self._received = False
 
     def result(self):
         """What the build returned, once it has (what it raised is raised here)."""
-        self._thread.join()
+        if not self._received:
+            try:
+                self._outcome = self._receiving.recv()
+            except EOFError:
+                self._process.join()
+                self._outcome = RuntimeError(f"the background build {self._process.name} died without a result "
+                                             f"(exit code {self._process.exitcode})")
+            self._received = True
+            self._process.join()
         if isinstance(self._outcome, BaseException):
             raise self._outcome
         return self._outcome
 
     def stop(self) -> None:
-        self._stopping.set()
-        while self._thread.is_alive():  # again while it runs: a command may have started just as it was told
-            for process in self._processes:
-                if process.poll() is None:
-                    os.killpg(process.pid, signal.SIGKILL)
-            self._thread.join(timeout=1)
+        """Kill the build and every command it started (a session that ends before the build does)."""
+        if self._process.is_alive():
+            kill_with_descendants(self._process.pid)
+        self._process.join()
