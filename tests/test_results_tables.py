@@ -52,7 +52,8 @@ def test_a_collected_run_renders_every_figure_from_its_files(tmp_path):
     run = json.loads((results / "xeon-native" / "run.json").read_text())
     assert run["rule_seconds"] == {"teacher_pretrain": 94.2} and run["exit_code"] == 0
     (tmp_path / "docs").mkdir()
-    (tmp_path / "README.md").write_text("intro\n<!-- results:headline -->\nold 112.2 ms\n<!-- /results:headline -->\nend\n")
+    (tmp_path / "README.md").write_text("intro\n<!-- results:headline -->\nold 112.2 ms\n<!-- /results:headline -->\n"
+                                        "<!-- results:claims -->\n<!-- /results:claims -->\nend\n")
     (tmp_path / "docs" / "results.md").write_text("<!-- results:runs -->\n<!-- /results:runs -->\n")
     (tmp_path / "docs" / "distillation.md").write_text("<!-- results:study -->\n<!-- /results:study -->\n")
     assert results_tables.render(project_root=tmp_path, results_dir=results) == [
@@ -64,7 +65,8 @@ def test_a_collected_run_renders_every_figure_from_its_files(tmp_path):
     readme = (tmp_path / "README.md").read_text()
     assert readme.startswith("intro\n<!-- results:headline -->\nThe default run") and readme.endswith("-->\nend\n")
     assert "old 112.2" not in readme and "| 93.50 = 100.5 % of the teacher |".replace(" %", "%") in readme
-    assert "paired over 5 seeds (`study`) | +2.50, 95% interval [+1.26, +3.74] |" in readme
+    assert ("CPU, SIMD the CPU's own: both hold (100.5% of the teacher; +2.50 F1, 95% interval [+1.26, +3.74]; "
+            "5 seeds) ([docs/distillation.md]") in readme
     assert "66.5 MB, 112.0 ms" in readme and "6.2x below the paper's 207 MB" in readme and "| 13:32 (exit code 0) |" in readme
     runs = (tmp_path / "docs" / "results.md").read_text()
     assert "| teacher_finetune: dev EM / F1 | 92.40 / 93.00 |" in runs
