@@ -5,6 +5,7 @@ classes of a profile, and the JSON a tiny CPU run writes (its keys, the interlea
 import importlib.util
 import json
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -187,6 +188,42 @@ def test_the_step_matmul_shapes_hold_the_model_flops_apart_from_attention():
 ])
 def test_kernel_class_by_name(name, kind):
     assert bench.kernel_class(name) == kind
+
+
+def test_a_gpu_profile_sums_device_time_by_class_and_leaves_the_rest_to_idle_other():
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    def event(key, microseconds, device=DeviceType.CUDA, annotation=False):
+        return SimpleNamespace(key=key, self_device_time_total=microseconds, self_cpu_time_total=microseconds,
+                               device_type=device, is_user_annotation=annotation, count=1)
+
+    events = [event("nvjet_tst_192x192_64x4_1x2_h_bz_coopA_NNT", 3000), event("flash_fwd_kernel", 1000),
+              event("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4>", 500),
+              event("void at::native::vectorized_elementwise_kernel<4>", 1000), event("Memcpy HtoD", 200),
+              event("aten::addmm", 9000, device=DeviceType.CPU),  # host time: not on the device's timeline
+              event("ProfilerStep#1", 10000, annotation=True)]
+    summary = bench.profile_summary(events, wall_seconds=0.010, on_gpu=True)
+    assert summary["seconds_by_class"] == {"gemm": 0.003, "attention": 0.001, "softmax_loss": 0.0005,
+                                           "elementwise": 0.001, "idle_other": 0.0045}
+    assert summary["share_by_class"]["idle_other"] == 0.45 and summary["other_ops_seconds"] == 0.0002
+    assert summary["top_by_class"]["idle_other"] == [{"name": "Memcpy HtoD", "seconds": 0.0002, "calls": 1}]
+
+
+def test_gpu_telemetry_summarises_what_it_read_during_the_span():
+    readings = iter([{"sm_clock_mhz": 1980.0, "power_w": 650.0}, {"sm_clock_mhz": 1755.0, "power_w": 700.0}])
+    telemetry = bench.GpuTelemetry(lambda: next(readings), interval=0.01)
+    telemetry.start()
+    deadline = time.monotonic() + 5
+    while len(telemetry.samples) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    summary = telemetry.stop()
+    assert summary["samples"] == 2  # the third read fails (StopIteration) and only loses its sample
+    assert summary["sm_clock_mhz"] == {"mean": 1867.5, "min": 1755.0, "max": 1980.0}
+    assert summary["power_w"]["max"] == 700.0 and summary["temperature_c"] is None
+    assert bench._smi_number("[N/A]") is None and bench._smi_number("1980") == 1980.0
+    assert bench.GpuTelemetry(None, 0.01).stop() is None  # nothing to read (CPU): no summary
 
 
 def test_peak_is_known_for_the_lent_gpus_and_null_on_cpu():
