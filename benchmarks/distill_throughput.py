@@ -14,8 +14,8 @@ steps, then `--steps` timed ones, with the time of each phase), (2) the stage's 
 called with the arguments `distill_pretrain.run` gives it (the same number of steps; the first timed micro-batch's
 start and the loop's return bound the timed span), and (3) a GEMM microbenchmark of the step's own matmul shapes.
 `--repeats` rounds interleave the three, so a machine that drifts (clocks, other work) drifts for all of them alike;
-the JSON records the order. Both loops read the same batches (the same seed and batch plan), so their FLOPs and
-tokens agree exactly. Then a `torch.profiler` trace of `--profile-steps` steps of the benchmark's loop gives the
+the JSON records the order. Both loops read the same batches (the same seed and batch plan), so with one
+micro-batch a step (`--grad-accum-steps 1`, the default) their FLOPs and tokens agree exactly. Then a `torch.profiler` trace of `--profile-steps` steps of the benchmark's loop gives the
 time per kernel class.
 
     CPU smoke run (a 4-layer, 256-wide teacher and a 2-layer student, paper settings scaled down; under 3 minutes
