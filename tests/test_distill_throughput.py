@@ -1,0 +1,326 @@
+"""benchmarks/distill_throughput.py on tiny models: the model FLOP count (by hand, and against torch's
+FlopCounterMode on a forward and backward of the stage's real modules), the GEMM shapes of a step, the kernel
+classes of a profile, and the JSON a tiny CPU run writes (its keys, the interleaved order of its repeats)."""
+
+import importlib.util
+import json
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+from transformers import BertConfig, BertForMaskedLM
+
+from pipeline.config import DistillPretrainConfig
+from pipeline.mlm import MaskedBatchCollator
+from pipeline.stages.distill_pretrain import distillation_terms
+from pipeline.students import freeze, init_student_from_teacher, student_config_from_teacher
+from tests.conftest import PROJECT_ROOT
+
+
+def load_benchmark():
+    spec = importlib.util.spec_from_file_location("distill_throughput",
+                                                  PROJECT_ROOT / "benchmarks" / "distill_throughput.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses and pickling look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = load_benchmark()
+
+
+# ------------------------------------------------------------------------------------------------ FLOP count
+
+
+def test_model_flops_match_a_hand_count():
+    # Student: 1 layer, H 4, I 8, V 10; teacher: the same with 2 layers; sequences of 3 and 5 real tokens, every
+    # token a head row (R = N = 8).
+    student = bench.EncoderShape(layers=1, hidden=4, intermediate=8, heads=2, vocab=10)
+    teacher = bench.EncoderShape(layers=2, hidden=4, intermediate=8, heads=2, vocab=10)
+    flops = bench.model_flops(teacher, student, [3, 5], head_rows=8)
+
+    linear_per_layer = 8 * 2 * (4 * 4 * 4 + 2 * 4 * 8)  # N x 2 x (Q, K, V, out: 4 H^2 + FFN: 2 H I) = 2,048
+    attention_per_layer = 4 * 4 * (3 * 3 + 5 * 5)  # 4 H sum L^2 = 544
+    head = 2 * 8 * (4 * 4 + 4 * 10)  # 2 R (H^2 + H V) = 896
+    student_forward = linear_per_layer + attention_per_layer + head  # 3,488
+    teacher_forward = 2 * (linear_per_layer + attention_per_layer) + head  # 6,080
+    assert flops["student_forward"] == student_forward == 3488
+    assert flops["teacher_forward"] == teacher_forward == 6080
+    assert flops["student_backward"] == 2 * 3488
+    assert flops["total"] == 6080 + 3 * 3488 == 16544
+    assert flops["attention"] == 2 * 544 + 3 * 544
+    assert flops["vocab_projection"] == 2 * 8 * 4 * 10 * (1 + 3)
+
+
+def tiny_teacher_and_student():
+    torch.manual_seed(0)
+    config = BertConfig(num_hidden_layers=2, hidden_size=16, intermediate_size=32, num_attention_heads=2,
+                        max_position_embeddings=64)
+    teacher = BertForMaskedLM(config)
+    student = init_student_from_teacher(teacher, student_config_from_teacher(config, 1), [0])
+    return freeze(teacher), student
+
+
+def masked_batch(sequence_lengths, packed_multiple=None):
+    rng = np.random.default_rng(0)
+    sequences = [rng.integers(1000, 30522, size=n - 2) for n in sequence_lengths]  # n real tokens with [CLS] [SEP]
+    collator = bench.CountingCollate(MaskedBatchCollator(bench.BertTokenIds(), 0.3, None, packed_multiple), False)
+    return collator(sequences, torch.Generator().manual_seed(0))
+
+
+def executed_flops(teacher, student, n_tokens, attention_lengths, head_rows):
+    """FLOPs of the matmuls that run, padding included: what FlopCounterMode sees."""
+    teacher_forward = sum(bench.encoder_forward_flops(teacher, n_tokens, attention_lengths).values()) + sum(
+        bench.head_forward_flops(teacher, head_rows).values())
+    student_forward = sum(bench.encoder_forward_flops(student, n_tokens, attention_lengths).values()) + sum(
+        bench.head_forward_flops(student, head_rows).values())
+    return teacher_forward + 3 * student_forward
+
+
+def counted_by_torch(teacher, student, batch, cfg):
+    """FlopCounterMode's count of the stage's loss, forward and backward. SDPA is pinned to its math backend:
+    its matmuls are counted as they run, where the fused kernels would be counted by formula (flash and
+    memory-efficient attention's backward as 5 products, recomputing the scores; the CPU flash kernel not at all)."""
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        terms = distillation_terms(student, teacher, batch, cfg)
+        terms["loss"].backward()
+    return counter.get_total_flops()
+
+
+@pytest.mark.parametrize("packed, chunk_rows, restrict", [(False, None, False), (True, 7, False), (False, 5, True)])
+def test_model_flops_equal_torchs_count_when_nothing_is_padding(packed, chunk_rows, restrict):
+    # Tolerance 0: both count 2 m n k per matmul and nothing else (softmax, LayerNorm, GELU and the losses'
+    # elementwise work count 0 in both); with equal lengths and a packed multiple that adds no token, every
+    # executed FLOP is a model FLOP.
+    teacher, student = tiny_teacher_and_student()
+    batch = masked_batch([12, 12, 12], packed_multiple=4 if packed else None)
+    cfg = DistillPretrainConfig(packed_attention=packed, chunked_loss_rows=chunk_rows, restrict_ce_to_mask=restrict)
+    head_rows = len(batch["masked_positions"]) if restrict else 36
+    assert bench.real_sequence_lengths(batch) == (12, 12, 12)
+
+    ours = bench.model_flops(bench.EncoderShape.of(teacher.config), bench.EncoderShape.of(student.config),
+                             bench.real_sequence_lengths(batch), head_rows)
+    assert counted_by_torch(teacher, student, batch, cfg) == ours["total"]
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_torchs_count_exceeds_model_flops_by_exactly_the_padding(packed):
+    # Sequences of 5, 9 and 20 tokens: the padded path runs 3 x 20 rows and attends over 20 keys per row; the packed
+    # path runs 34 real tokens rounded up to 40 (a padding sequence of 6) and, on CPU, attends in a grid of 4
+    # sequences x the longest (20). Model FLOPs count 34 tokens and 5^2 + 9^2 + 20^2; torch counts what ran.
+    teacher, student = tiny_teacher_and_student()
+    batch = masked_batch([5, 9, 20], packed_multiple=8 if packed else None)
+    teacher_shape, student_shape = bench.EncoderShape.of(teacher.config), bench.EncoderShape.of(student.config)
+    assert bench.real_sequence_lengths(batch) == (5, 9, 20)
+    assert batch[bench.EXECUTED_TOKENS_KEY] == (40 if packed else 60)
+
+    if packed:
+        grid = [batch["max_seqlen"]] * (len(batch["cu_seqlens"]) - 1)
+        assert grid == [20, 20, 20, 20]
+        expected = executed_flops(teacher_shape, student_shape, 40, grid, head_rows=34)
+    else:
+        expected = executed_flops(teacher_shape, student_shape, 60, [20, 20, 20], head_rows=34)
+    cfg = DistillPretrainConfig(packed_attention=packed, chunked_loss_rows=8)
+    counted = counted_by_torch(teacher, student, batch, cfg)
+    model = bench.model_flops(teacher_shape, student_shape, (5, 9, 20), 34)["total"]
+    assert counted == expected
+    assert counted > model
+
+
+def test_the_step_matmul_shapes_hold_the_model_flops_apart_from_attention():
+    teacher = bench.EncoderShape(layers=2, hidden=8, intermediate=16, heads=2, vocab=50)
+    student = bench.EncoderShape(layers=1, hidden=8, intermediate=16, heads=2, vocab=50)
+    flops = bench.model_flops(teacher, student, [6, 4], head_rows=10)
+    for fused in (False, True):
+        for chunk_rows in (None, 4, 10, 64):  # 4: two chunks of 4 and one of 2
+            shapes = bench.step_matmul_shapes(teacher, student, encoder_rows=10, head_rows=10, chunk_rows=chunk_rows,
+                                              fused_qkv=fused)
+            matmul_flops = sum(2 * s["m"] * s["n"] * s["k"] * s["count"] for s in shapes)
+            assert matmul_flops == flops["total"] - flops["attention"], (fused, chunk_rows)
+    chunked = bench.step_matmul_shapes(teacher, student, 10, 10, chunk_rows=4, fused_qkv=True)
+    assert {"m": 4, "n": 50, "k": 8, "count": 2 * 2} in chunked  # teacher's and student's forward: 2 chunks each
+    assert {"m": 2, "n": 50, "k": 8, "count": 2} in chunked
+    assert {"m": 50, "n": 8, "k": 4, "count": 2} in chunked  # the student's weight gradient of the full chunks
+
+
+# ------------------------------------------------------------------------------------------------ kernel classes
+
+
+@pytest.mark.parametrize("name, kind", [
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel",
+     "gemm"),
+    ("nvjet_tst_192x192_64x4_1x2_h_bz_coopA_NNT", "gemm"),
+    ("ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_64x3_tn", "gemm"),
+    ("void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_128x1_tn_align8>", "gemm"),
+    ("void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16>", "gemm"),
+    ("void gemv2T_kernel_val<int, int, __nv_bfloat16, float, float, float, 128, 16, 4, 4, false, false>", "gemm"),
+    ("aten::addmm", "gemm"),
+    ("aten::mm", "gemm"),
+    ("aten::bmm", "gemm"),
+    ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4>>", "attention"),
+    ("flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel", "attention"),
+    ("fmha_cutlassB_bf16_aligned_64x64_k64_sm80(PyTorchMemEffAttention::AttentionKernel<...>::Params)", "attention"),
+    ("aten::_scaled_dot_product_flash_attention_for_cpu", "attention"),
+    ("aten::scaled_dot_product_attention", "attention"),
+    ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, Epilogue>", "softmax_loss"),
+    ("aten::_log_softmax", "softmax_loss"),
+    ("aten::kl_div", "softmax_loss"),
+    ("triton_red_fused__log_softmax_1", "softmax_loss"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl>", "elementwise"),
+    ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float, float>", "elementwise"),
+    ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float>>", "elementwise"),
+    ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>", "elementwise"),
+    ("triton_poi_fused_add_native_layer_norm_0", "elementwise"),
+    ("aten::native_layer_norm", "elementwise"),
+    ("aten::add_", "elementwise"),
+    ("aten::gelu_backward", "elementwise"),
+    ("aten::index_select", "elementwise"),
+    ("Memcpy HtoD (Pinned -> Device)", "other"),
+    ("Memset (Device)", "other"),
+    ("aten::view", "other"),
+    ("aten::empty", "other"),
+    ("autograd::engine::evaluate_function: AddmmBackward0", "other"),
+    ("cudaLaunchKernel", "other"),
+])
+def test_kernel_class_by_name(name, kind):
+    assert bench.kernel_class(name) == kind
+
+
+def test_a_gpu_profile_sums_device_time_by_class_and_leaves_the_rest_to_idle_other():
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    def event(key, microseconds, device=DeviceType.CUDA, annotation=False):
+        return SimpleNamespace(key=key, self_device_time_total=microseconds, self_cpu_time_total=microseconds,
+                               device_type=device, is_user_annotation=annotation, count=1)
+
+    events = [event("nvjet_tst_192x192_64x4_1x2_h_bz_coopA_NNT", 3000), event("flash_fwd_kernel", 1000),
+              event("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4>", 500),
+              event("void at::native::vectorized_elementwise_kernel<4>", 1000), event("Memcpy HtoD", 200),
+              event("aten::addmm", 9000, device=DeviceType.CPU),  # host time: not on the device's timeline
+              event("ProfilerStep#1", 10000, annotation=True)]
+    summary = bench.profile_summary(events, wall_seconds=0.010, on_gpu=True)
+    assert summary["seconds_by_class"] == {"gemm": 0.003, "attention": 0.001, "softmax_loss": 0.0005,
+                                           "elementwise": 0.001, "idle_other": 0.0045}
+    assert summary["share_by_class"]["idle_other"] == 0.45 and summary["other_ops_seconds"] == 0.0002
+    assert summary["top_by_class"]["idle_other"] == [{"name": "Memcpy HtoD", "seconds": 0.0002, "calls": 1}]
+
+
+def test_gpu_telemetry_summarises_what_it_read_during_the_span():
+    readings = iter([{"sm_clock_mhz": 1980.0, "power_w": 650.0}, {"sm_clock_mhz": 1755.0, "power_w": 700.0}])
+    telemetry = bench.GpuTelemetry(lambda: next(readings), interval=0.01)
+    telemetry.start()
+    deadline = time.monotonic() + 5
+    while len(telemetry.samples) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    summary = telemetry.stop()
+    assert summary["samples"] == 2  # the third read fails (StopIteration) and only loses its sample
+    assert summary["sm_clock_mhz"] == {"mean": 1867.5, "min": 1755.0, "max": 1980.0}
+    assert summary["power_w"]["max"] == 700.0 and summary["temperature_c"] is None
+    assert bench._smi_number("[N/A]") is None and bench._smi_number("1980") == 1980.0
+    assert bench.GpuTelemetry(None, 0.01).stop() is None  # nothing to read (CPU): no summary
+
+
+def test_peak_is_known_for_the_lent_gpus_and_null_on_cpu():
+    assert bench.peak_tflops("NVIDIA H100 80GB HBM3", "bf16")["tflops"] == 989.4
+    assert bench.peak_tflops("NVIDIA H200", "bf16")["tflops"] == 989.4
+    assert bench.peak_tflops("NVIDIA H100 PCIe", "bf16")["tflops"] == 756.5
+    assert bench.peak_tflops("NVIDIA H200", "fp32")["tflops"] == 66.9
+    assert bench.peak_tflops("NVIDIA H100 NVL", "bf16")["tflops"] is None
+    assert bench.peak_tflops("Tesla T4", "bf16")["reason"] == "no peak on record for 'Tesla T4'"
+    assert bench.peak_tflops(None, "fp32")["tflops"] is None
+
+
+# ------------------------------------------------------------------------------------------------ a tiny run
+
+
+TINY = ["--device", "cpu", "--workers", "0", "--teacher-layers", "2", "--student-layers", "1",
+        "--hidden", "16", "--intermediate", "32", "--heads", "2", "--seq-len", "32", "--max-tokens", "128",
+        "--chunked-loss-rows", "24", "--packed-multiple", "16", "--warmup", "1", "--steps", "2", "--repeats", "2",
+        "--profile-steps", "1", "--gemm-min-seconds", "0.001"]
+
+# The fields the committed CPU result (benchmarks/results/distill_throughput_cpu.json) has always had.
+KEPT_FIELDS = {"benchmark", "device", "cpu", "platform", "threads", "loader_workers", "torch", "bf16", "torch_compile",
+               "seq_len", "max_tokens_per_batch", "corpus", "steps_timed", "seconds_per_step", "tokens_per_second",
+               "step_breakdown_seconds", "peak_memory_mb", "teacher_parameters", "student_parameters",
+               "last_loss_terms", "reference"}
+NEW_FIELDS = {"command", "cores", "host_load_average_1min", "gpu", "precision", "tf32_matmul", "packed_attention", "chunked_loss_rows", "model_shapes",
+              "steps_warmup", "repeats", "protocol", "order", "mfu", "flop_formula", "peak", "gemm", "loops",
+              "gpu_clocks", "profile"}
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("throughput") / "result.json"
+    result = bench.main([*TINY, "--out", str(out)])
+    return result, json.loads(out.read_text())
+
+
+def test_the_json_has_the_kept_and_the_new_fields(tiny_run):
+    result, written = tiny_run
+    assert written == json.loads(json.dumps(result))
+    assert KEPT_FIELDS | NEW_FIELDS <= set(written)
+    assert written["cpu"]["model_name"] and written["device"] == "cpu" and written["gpu"] is None
+    assert set(written["step_breakdown_seconds"]) == set(bench.PHASES)
+    assert set(written["flop_formula"]) >= {"mfu", "micro_batch", "model_forward", "symbols", "counted", "not_counted"}
+    assert written["packed_attention"] and written["chunked_loss_rows"] == 24 and written["seq_len"] == 32
+    assert written["protocol"]["meets_minimum"] is False  # 2 repeats of 2 steps: a smoke run
+    assert written["model_shapes"]["student"] == {"layers": 1, "hidden": 16, "intermediate": 32, "heads": 2,
+                                                  "vocab": 30522}
+
+
+def test_repeats_are_interleaved_and_their_order_recorded(tiny_run):
+    written = tiny_run[1]
+    rounds = [(entry["loop"], entry["repeat"]) for entry in written["order"]]
+    assert rounds == [(loop, repeat) for repeat in range(2) for loop in ("benchmark_loop", "stage_train", "gemm")]
+    positions = {(entry["loop"], entry["repeat"]): entry["position"] for entry in written["order"]}
+    for name in ("benchmark_loop", "stage_train"):
+        repeats = written["loops"][name]["repeats"]
+        assert [(name, r["repeat"]) for r in repeats] == [(name, 0), (name, 1)]
+        assert all(r["position"] == positions[(name, r["repeat"])] for r in repeats)
+    assert [r["position"] for r in written["gemm"]["repeats"]] == [positions[("gemm", 0)], positions[("gemm", 1)]]
+
+
+def test_both_loops_count_the_same_batches_and_report_a_spread(tiny_run):
+    written = tiny_run[1]
+    bench_loop, stage = written["loops"]["benchmark_loop"], written["loops"]["stage_train"]
+    for ours, theirs in zip(bench_loop["repeats"], stage["repeats"]):
+        assert ours["tokens"] == theirs["tokens"] > 0
+        assert ours["model_flops"] == theirs["model_flops"]
+        assert ours["model_flops"]["total"] == ours["model_flops"]["teacher_forward"] + 3 * ours["model_flops"][
+            "student_forward"]
+        assert ours["achieved_tflops"] > 0 and ours["fraction_of_gemm_ceiling"] > 0
+        assert ours["mfu"] is None and ours["gpu_telemetry"] is None
+    assert [r["train_result"]["steps"] for r in stage["repeats"]] == [3, 3]
+    for loop in (bench_loop, stage):
+        summary = loop["summary"]["tokens_per_second"]
+        assert len(summary["values"]) == 2 and summary["min"] <= summary["mean"] <= summary["max"]
+        assert len(summary["ci95"]) == 2
+        assert loop["summary"]["mfu"] is None  # no peak on CPU
+    assert written["tokens_per_second"] == pytest.approx(np.mean([r["tokens_per_second"] for r in bench_loop["repeats"]]),
+                                                         abs=0.1)
+
+
+def test_cpu_runs_report_no_peak_mfu_or_gpu_clocks_with_the_reason(tiny_run):
+    written = tiny_run[1]
+    assert written["peak"]["tflops"] is None and "CPU" in written["peak"]["reason"]
+    assert written["mfu"]["benchmark_loop"] is None and written["mfu"]["reason"] == written["peak"]["reason"]
+    assert written["gpu_clocks"] == {"available": False, "reason": "device is cpu: no GPU clocks or power to read"}
+    gemm = written["gemm"]
+    assert gemm["dtype"] == "float32" and gemm["peak_tflops"] is None
+    assert gemm["achieved_tflops"]["mean"] > 0 and len(gemm["repeats"]) == 2
+    assert all(len(r["tflops_by_shape"]) == len(gemm["shapes"]) for r in gemm["repeats"])
+
+
+def test_the_profile_splits_its_wall_time_into_the_kernel_classes(tiny_run):
+    profile = tiny_run[1]["profile"]
+    seconds = profile["seconds_by_class"]
+    assert list(seconds) == list(bench.KERNEL_CLASSES)
+    assert seconds["gemm"] > 0 and seconds["elementwise"] > 0
+    assert sum(seconds.values()) >= profile["wall_seconds"] - 1e-5  # idle_other takes what the others leave
+    assert "aten::addmm" in {entry["name"] for entry in profile["top_by_class"]["gemm"]}
