@@ -188,7 +188,7 @@ rule export_gemm_floor:
     priority: FILLER
     threads: 1
     resources:
-        **LIGHT_RESOURCES,
+        **EXPORT_RESOURCES,
     shell:
         stage_shell("export-gemm-floor", "--full-size-dir {input.full_size:q}"
                     " --sequence-length {params.sequence_length} --out-dir {output:q}")
