@@ -132,7 +132,7 @@ rule export_full_size_int8:
     wildcard_constraints:
         architecture="bert-base",
     params:
-        cfg=stage_config("seed", "export"),
+        cfg=stage_config(*EXPORT_SECTIONS)  # export is checked against squad,
     log:
         log_file("export_full_size_int8_{architecture}"),
     benchmark:
