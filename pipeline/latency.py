@@ -1,4 +1,4 @@
-"""Latency of one ONNX graph: batch 1, a fixed sequence length, pinned threads, percentiles over timed runs.
+"""Latency: batch 1, a fixed sequence length, pinned threads, percentiles over timed runs taken in turn.
 
 Timings belong in benchmark JSON, never in test assertions. Call this only where nothing else runs beside it
 (the rules that time take every core Snakemake was given).
@@ -6,7 +6,9 @@ Timings belong in benchmark JSON, never in test assertions. Call this only where
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -55,25 +57,47 @@ def synthetic_feed(session: onnxruntime.InferenceSession, sequence_length: int, 
     return feed
 
 
+def percentiles(times_ms: list[float]) -> dict[str, float]:
+    return {"p50": round(float(np.percentile(times_ms, 50)), 3), "p90": round(float(np.percentile(times_ms, 90)), 3)}
+
+
+def time_in_turn(runs_once: dict[str, Callable[[], object]], runs: int, warmup: int) -> dict[str, dict[str, float]]:
+    """p50/p90 in ms of each named no-argument callable, called round-robin (`runs` each after `warmup` untimed
+    rounds), so drift in machine speed hits every one alike. The one timer of the pipeline: every latency it
+    reports comes from here."""
+    for _ in range(warmup):
+        for run_once in runs_once.values():
+            run_once()
+    times: dict[str, list[float]] = {name: [] for name in runs_once}
+    for _ in range(runs):
+        for name, run_once in runs_once.items():
+            start = time.perf_counter()
+            run_once()
+            times[name].append((time.perf_counter() - start) * 1000)
+    return {name: percentiles(t) for name, t in times.items()}
+
+
+def time_calls(run_once: Callable[[], object], runs: int, warmup: int) -> dict[str, float]:
+    """p50/p90 in ms of one callable over `runs` calls after `warmup` untimed ones."""
+    return time_in_turn({"run": run_once}, runs, warmup)["run"]
+
+
+def fastest_first(timings: dict[str, dict[str, float]]) -> list[str]:
+    """Names by median latency, fastest first; equal medians keep their order. Every latency-based choice (the
+    bundle's int8 variant, the full-size int8 search, the torch peer's engine) ranks with this."""
+    return sorted(timings, key=lambda name: timings[name]["p50"])
+
+
 def compare_latency(
     paths: dict[str, str | Path], sequence_length: int, vocab_size: int, threads: int = 1, runs: int = 20,
     warmup: int = 3, option_sets: dict[str, str] | None = None,
 ) -> dict[str, dict[str, float]]:
-    """p50/p90 in ms per graph; runs are interleaved round-robin so drift in machine speed hits every graph alike.
-    option_sets maps a name to its SESSION_OPTIONS set (default: "default")."""
+    """p50/p90 in ms per ONNX graph, timed in turn (time_in_turn) on synthetic batch-1 feeds; option_sets maps a name
+    to its SESSION_OPTIONS set (default: "default")."""
     option_sets = option_sets or {}
-    sessions = {name: onnx_session(path, threads, option_sets.get(name, "default")) for name, path in paths.items()}
-    feeds = {name: synthetic_feed(session, sequence_length, vocab_size) for name, session in sessions.items()}
-    for name, session in sessions.items():
-        for _ in range(warmup):
-            session.run(None, feeds[name])
-    times: dict[str, list[float]] = {name: [] for name in sessions}
-    for _ in range(runs):
-        for name, session in sessions.items():
-            start = time.perf_counter()
-            session.run(None, feeds[name])
-            times[name].append((time.perf_counter() - start) * 1000)
-    return {
-        name: {"p50": round(float(np.percentile(t, 50)), 3), "p90": round(float(np.percentile(t, 90)), 3), "runs": runs}
-        for name, t in times.items()
-    }
+    runs_once = {}
+    for name, path in paths.items():
+        session = onnx_session(path, threads, option_sets.get(name, "default"))
+        feed = synthetic_feed(session, sequence_length, vocab_size)
+        runs_once[name] = functools.partial(session.run, None, feed)
+    return {name: {**timing, "runs": runs} for name, timing in time_in_turn(runs_once, runs, warmup).items()}

@@ -5,12 +5,13 @@ import shlex
 import sys
 from pathlib import Path
 
+from pipeline import squad_objectives
 from pipeline.artifacts import bundled_model, exported_models
 from pipeline.code_inputs import command_code_files
 from pipeline.config import PipelineConfig, from_dict, to_dict
 from pipeline.data_sources import check_local_files, configured_local_paths, local_data_files
 from pipeline.deploy import check_local_model, deploy_root
-from pipeline import squad_objectives
+from pipeline.export.peers import ORT_PEER, TORCH_PEER
 
 CFG = from_dict(PipelineConfig, config)  # cross-field checks the schema cannot express
 FULL = to_dict(CFG)
@@ -75,6 +76,16 @@ EXPORT_RESOURCES = {"mem_mb": CFG.compute.export_mem_mb, "gpu": 0}
 # finish in about 60 % of the time of one 2-thread job after the other.
 PAIRED_THREADS = max(1, workflow.cores // 2)
 EXPORT_SECTIONS = ("seed", "squad", "export")
+# The full-size builds around the benchmark: the int8 search runs on the full-size DistilBERT, and its recipe is
+# built for the other architectures (export_full_size_int8); the peers benchmark.timed_full_size names are built per
+# architecture (export_peers).
+FULL_SIZE = CFG.export.full_size.architectures
+INT8_SEARCHED = "distilbert" in FULL_SIZE
+SEARCHED_INT8_BUILT_FOR = [architecture for architecture in FULL_SIZE if INT8_SEARCHED and architecture != "distilbert"]
+PEERS_BUILT = {architecture: [peer for peer in (TORCH_PEER, ORT_PEER)
+                              if f"{architecture}/{peer}" in CFG.benchmark.timed_full_size]
+               for architecture in FULL_SIZE}
+PEERS_BUILT = {architecture: names for architecture, names in PEERS_BUILT.items() if names}
 # Priorities: the chain to distill_squad is the critical path, then the CE-only baseline; the export rules and the
 # full-size exports (which need nothing from training) keep Snakemake's default 0 and fill idle cores.
 CRITICAL, BASELINE, FILLER = 3, 2, 0
@@ -115,6 +126,14 @@ TRAINING_LAUNCH_KEYS = ("nodes", "processes", "mixed_precision")
 # c10d rendezvous of a multi-node job without compute.rdzv_endpoint: torchrun's default port on the allocation's
 # first node, looked up by the job's shell.
 FIRST_SLURM_NODE_ENDPOINT = '"$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)":29500'
+
+
+def search_config():
+    """The settings the int8 search reads: its timing settings, not the rest of the benchmark section (a change of
+    benchmark.runs does not search again)."""
+    keys = ("sequence_lengths", "warmup", "search_runs", "session_options")
+    return json.dumps({"benchmark": {key: FULL["benchmark"][key] for key in keys}, "deploy": FULL["deploy"]},
+                      sort_keys=True)
 
 
 def training_config(*sections):

@@ -1,5 +1,6 @@
 # Export: each trained model (or the deployed one) to ONNX (fp32 and fused), its int8 and 4-bit graphs, CoreML
-# packages; the full-size architectures through the same path (sizes and latency); the app bundle.
+# packages; the full-size architectures through the same path (sizes and latency), BERT-base's int8 graph with the
+# searched recipe, the peers and the GEMM floor graph the benchmark times; the app bundle.
 
 
 # Target deploy: the QA model of deploy.model, taken as it is; its dev answers are what every export is gated on.
@@ -115,6 +116,82 @@ rule export_full_size:
     shell:
         stage_shell("export-full-size", "--architecture {wildcards.architecture:q} --out-dir {output:q}",
                     threads_variable="OMP_NUM_THREADS")
+
+
+# The int8 recipe the search chose (rule int8_search, on the full-size DistilBERT), built for the other full-size
+# architectures: BERT-base's int8 graph, the speed baseline on the same int8 path. It reads only the search's
+# choice.json, so a search that picks the same recipe again rebuilds nothing on a later run (Snakemake compares the
+# content of a small input whose time changed).
+rule export_full_size_int8:
+    input:
+        full_size=f"{ROOT}/full_size/{{architecture}}",
+        choice=f"{ROOT}/int8_search/choice.json",
+        code=code("export-full-size-int8"),
+    output:
+        directory(f"{ROOT}/full_size_int8/{{architecture}}"),
+    wildcard_constraints:
+        architecture="bert-base",
+    params:
+        cfg=stage_config(*EXPORT_SECTIONS)  # export is checked against squad,
+    log:
+        log_file("export_full_size_int8_{architecture}"),
+    benchmark:
+        benchmark_file("export_full_size_int8_{architecture}")
+    threads: 1
+    resources:
+        **EXPORT_RESOURCES,
+    shell:
+        stage_shell("export-full-size-int8", "--full-size-dir {input.full_size:q} --choice {input.choice:q}"
+                    " --out-dir {output:q}", threads_variable="OMP_NUM_THREADS")
+
+
+# The int8 paths a user would otherwise pick (torch.ao dynamic int8, optimum's ORTQuantizer), for the full-size
+# architectures whose peers benchmark.timed_full_size names; the benchmark times them beside ours.
+rule export_peers:
+    input:
+        full_size=f"{ROOT}/full_size/{{architecture}}",
+        code=code("export-peers"),
+    output:
+        directory(f"{ROOT}/peers/{{architecture}}"),
+    wildcard_constraints:
+        architecture="distilbert|bert-base",
+    params:
+        cfg=stage_config("seed"),
+        peers=lambda wildcards: PEERS_BUILT[wildcards.architecture],
+    log:
+        log_file("export_peers_{architecture}"),
+    benchmark:
+        benchmark_file("export_peers_{architecture}")
+    priority: FILLER
+    threads: 1
+    resources:
+        **EXPORT_RESOURCES,
+    shell:
+        stage_shell("export-peers", "--full-size-dir {input.full_size:q} --peers {params.peers:q} --out-dir {output:q}",
+                    threads_variable="OMP_NUM_THREADS")
+
+
+# The GEMM floor: the full-size DistilBERT int8 graph's MatMulInteger nodes alone, at the longest benchmarked length.
+rule export_gemm_floor:
+    input:
+        full_size=f"{ROOT}/full_size/distilbert",
+        code=code("export-gemm-floor"),
+    output:
+        directory(f"{ROOT}/gemm_floor"),
+    params:
+        cfg=stage_config("seed"),
+        sequence_length=max(CFG.benchmark.sequence_lengths),
+    log:
+        log_file("export_gemm_floor"),
+    benchmark:
+        benchmark_file("export_gemm_floor")
+    priority: FILLER
+    threads: 1
+    resources:
+        **EXPORT_RESOURCES,
+    shell:
+        stage_shell("export-gemm-floor", "--full-size-dir {input.full_size:q}"
+                    " --sequence-length {params.sequence_length} --out-dir {output:q}")
 
 
 rule bundle:

@@ -2,11 +2,40 @@
 # the report with its goals.
 
 
-# Times every artifact: it takes every core, so nothing runs beside the timed runs.
+# Which int8 recipe and session options the full-size DistilBERT runs fastest with, among the recipes that passed
+# their gates on every trained model. It times: it takes every core, so nothing runs beside the timed runs.
+rule int8_search:
+    input:
+        full_size=f"{ROOT}/full_size/distilbert",
+        quantized=expand(f"{ROOT}/quantized/{{model}}", model=list(EXPORTED_MODELS)),
+        code=code("int8-search"),
+    output:
+        search=f"{ROOT}/int8_search/int8_search.json",
+        choice=f"{ROOT}/int8_search/choice.json",
+    params:
+        cfg=search_config(),
+        root=ROOT,
+        out_dir=f"{ROOT}/int8_search",
+    log:
+        log_file("int8_search"),
+    benchmark:
+        benchmark_file("int8_search")
+    threads: workflow.cores
+    resources:
+        **EXPORT_RESOURCES,
+    shell:
+        stage_shell("int8-search", "--root {params.root:q} --out-dir {params.out_dir:q}")
+
+
+# Times every artifact the export rules built: it takes every core, so nothing runs beside the timed runs.
 rule benchmark:
     input:
         exports=expand(f"{ROOT}/{{kind}}/{{model}}", kind=["onnx", "quantized", "coreml"], model=list(EXPORTED_MODELS)),
-        full_size=expand(f"{ROOT}/full_size/{{architecture}}", architecture=CFG.export.full_size.architectures),
+        full_size=expand(f"{ROOT}/full_size/{{architecture}}", architecture=FULL_SIZE),
+        int8_search=rules.int8_search.output.search if INT8_SEARCHED else [],
+        full_size_int8=expand(f"{ROOT}/full_size_int8/{{architecture}}", architecture=SEARCHED_INT8_BUILT_FOR),
+        peers=expand(f"{ROOT}/peers/{{architecture}}", architecture=list(PEERS_BUILT)),
+        gemm_floor=f"{ROOT}/gemm_floor" if INT8_SEARCHED else [],
         bundle=rules.bundle.output[0],
         code=code("benchmark"),
     output:

@@ -1,10 +1,10 @@
-"""Stages benchmark and report: timing in a separate process, the GEMM floor graph, profiles, summary schema."""
+"""Stages benchmark and report: timing in a separate process, profiles, summary schema. The builds the benchmark
+times: tests/test_full_size_builds.py, tests/test_int8_search.py, tests/test_peers.py."""
 
 import json
 import subprocess
 import sys
 
-import onnx
 import pytest
 
 from pipeline.config import BenchmarkConfig, PipelineConfig
@@ -40,16 +40,6 @@ def test_each_artifact_is_timed_in_its_own_process_with_its_peak_memory(tiny_int
     assert peak_rss_mb > 20  # a Python process with onnxruntime loaded
     torch_latency, torch_rss = benchmark.measure(item(tiny_int8 / "pytorch" / "model.safetensors", "pytorch"), cfg)
     assert torch_latency["seq32"]["threads2"]["p50"] > 0 and torch_rss > peak_rss_mb
-
-
-def test_the_gemm_floor_graph_holds_exactly_the_models_int8_matmuls(tiny_int8, tmp_path):
-    n = benchmark.gemm_floor_graph(tiny_int8 / "int8.onnx", 48, tmp_path / "floor.onnx")
-    model_matmuls = sum(node.op_type == "MatMulInteger" for node in onnx.load(str(tiny_int8 / "int8.onnx")).graph.node)
-    floor = onnx.load(str(tmp_path / "floor.onnx"))
-    assert n == model_matmuls == len(floor.graph.node) > 0
-    assert {node.op_type for node in floor.graph.node} == {"MatMulInteger"}
-    timing = benchmark.time_gemm_floor(tmp_path / "floor.onnx", 48, BenchmarkConfig(runs=2, warmup=0))
-    assert timing["p50"] > 0
 
 
 def test_the_profile_attributes_kernel_time_to_operator_types(tiny_int8, tmp_path):
@@ -122,42 +112,6 @@ def test_session_option_sets_change_speed_settings_not_answers(tiny_int8):
         outputs[option_set] = session.run(None, synthetic_feed(session, 32, 200))
     for start, end in outputs.values():
         assert np.allclose(start, outputs["default"][0], atol=1e-5) and np.allclose(end, outputs["default"][1], atol=1e-5)
-
-
-def test_the_int8_search_times_only_recipes_that_passed_on_every_model(tiny_int8, tmp_path):
-    """A recipe that failed its gates on any trained model is never a candidate; the choice is the fastest
-    (recipe, session options) pair of the second round, and the runner-up is another recipe."""
-    import shutil
-
-    from pipeline.artifacts import EXPORTED_MODELS
-    from tests.stage_fixtures import tiny_config
-
-    recipes = {"int8": int8.Int8Recipe("plain", "qoperator", False, False),
-               "int8-plain-qoperator-tensor-att8": int8.Int8Recipe("plain", "qoperator", False, True),
-               "int8-plain-qoperator-channel-attfp32": int8.Int8Recipe("plain", "qoperator", True, False)}
-    folder = tmp_path / "full_size" / "distilbert"
-    shutil.copytree(tiny_int8 / "pytorch", folder / "pytorch")
-    for name, recipe in recipes.items():
-        (folder / "onnx" / name).mkdir(parents=True)
-        int8.quantize_int8(tiny_int8 / "fp32" / "model.onnx", folder / "onnx" / name / "model.onnx", recipe, False)
-    (folder / "full_size.json").write_text(json.dumps({"int8_recipes": {n: r.__dict__ for n, r in recipes.items()}}))
-    for model in EXPORTED_MODELS:
-        passed = {"int8": True, "int8-plain-qoperator-tensor-att8": True,
-                  "int8-plain-qoperator-channel-attfp32": model != "teacher"}
-        (tmp_path / "quantized" / model).mkdir(parents=True)
-        (tmp_path / "quantized" / model / "quantize.json").write_text(
-            json.dumps({"variants": {name: {"passed": ok} for name, ok in passed.items()}}))
-    cfg = tiny_config(benchmark={"sequence_lengths": [32], "search_runs": 3, "warmup": 1,
-                                 "session_options": ["default", "denormals-as-zero"]})
-    search = int8.search_int8(tmp_path, cfg)
-    assert set(search["candidates"]) == {"int8", "int8-plain-qoperator-tensor-att8"}
-    assert search["rejected_by_gates"] == {"int8-plain-qoperator-channel-attfp32": {
-        "student": True, "student_ce_only": True, "teacher": False}}
-    assert len(search["session_options"]) == 4  # two finalists x two option sets
-    fastest = min(search["session_options"].values(), key=lambda e: e["latency_ms"]["p50"])
-    assert (search["choice"]["recipe"], search["choice"]["session_options"]) == (fastest["recipe"],
-                                                                               fastest["session_options"])
-    assert search["runner_up"]["recipe"] != search["choice"]["recipe"]
 
 
 def test_a_timing_process_starts_without_torch_or_the_export_libraries():

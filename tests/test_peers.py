@@ -1,4 +1,5 @@
-"""The peers (pipeline.export.peers) and how the benchmark and report set them beside our int8 graph."""
+"""The peers (pipeline.export.peers): their build (stage export_peers), and how the benchmark and report set them
+beside our int8 graph."""
 
 import json
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 
 from pipeline.export import onnx_graph, peers
-from pipeline.stages import benchmark, report
+from pipeline.stages import benchmark, export_peers, report
 from tests.stage_fixtures import tiny_config
 
 
@@ -24,6 +25,15 @@ def tiny_full_size(tmp_path_factory):
                                                             hidden_dim=128, max_position_embeddings=128))
     model.save_pretrained(folder / "pytorch")
     onnx_graph.export_fp32(folder / "pytorch", folder / "onnx" / "fp32", None)
+    (folder / "full_size.json").write_text(json.dumps({"architecture": "distilbert"}))
+    return root
+
+
+def output_root(tiny_full_size, tmp_path):
+    """An output root of its own holding the shared full_size folder, for the peers built into it."""
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "full_size").symlink_to(tiny_full_size / "full_size")
     return root
 
 
@@ -71,20 +81,33 @@ def test_torch_peer_quantizes_every_linear_layer_on_each_engine(tiny_full_size):
     assert all(type(m) is not torch.ao.nn.quantized.dynamic.Linear for m in fp32.modules())  # original untouched
 
 
-def test_the_benchmark_builds_and_times_the_peers_named_in_timed_full_size(tiny_full_size, tmp_path):
+def test_export_peers_builds_the_named_peers_and_the_benchmark_times_them(tiny_full_size, tmp_path):
+    root = output_root(tiny_full_size, tmp_path)
     cfg = tiny_config(export={"full_size": {"architectures": ["distilbert"]}},
                       benchmark={"sequence_lengths": [32, 256], "threads": [1, 2], "runs": 2, "warmup": 1,
                                  "search_runs": 3, "timed_full_size": ["distilbert/torch-dynamic-int8",
                                                                        "distilbert/onnx-ortquantizer-int8"]})
-    built, skipped = benchmark.peer_artifacts(tiny_full_size, cfg, tmp_path)
-    items = {item["name"]: item for item in built}
+    built = export_peers.run(cfg, root / "full_size" / "distilbert", [peers.TORCH_PEER, peers.ORT_PEER],
+                             root / "peers" / "distilbert")
+    assert built["architecture"] == "distilbert" and built["skipped"] == {}
+    sizes = built["peers"][peers.TORCH_PEER]["size_mb_by_engine"]
+    assert set(sizes) == set(peers.torch_engines()) and all(size > 0 for size in sizes.values())
+    ort_built = built["peers"][peers.ORT_PEER]
+    assert (root / "peers" / "distilbert" / ort_built["path"]).is_file()
+    assert ort_built["quantization"]["is_static"] is False and ort_built["precision"].startswith("int8-ortquantizer-")
+
+    timed, skipped = benchmark.peer_artifacts(root, cfg)
+    items = {item["name"]: item for item in timed}
     assert skipped == {}
     torch_peer, ort_peer = items["distilbert/torch-dynamic-int8"], items["distilbert/onnx-ortquantizer-int8"]
     search = torch_peer["engine_search"]
     assert set(search["engines"]) == set(peers.torch_engines())
     assert torch_peer["engine"] == min(search["engines"], key=lambda e: search["engines"][e]["p50"])
-    assert torch_peer["size_mb"] > 0 and torch_peer["peer_of"] == ort_peer["peer_of"] == "distilbert/onnx-int8-optimized"
-    assert ort_peer["path"].startswith(str(tmp_path)) and ort_peer["quantization"]["is_static"] is False
+    assert torch_peer["size_mb"] == sizes[torch_peer["engine"]]
+    assert torch_peer["tool"].endswith(f"engine {torch_peer['engine']})")
+    assert torch_peer["peer_of"] == ort_peer["peer_of"] == "distilbert/onnx-int8-optimized"
+    assert ort_peer["path"] == str(root / "peers" / "distilbert" / ort_built["path"])
+    assert ort_peer["quantization"] == ort_built["quantization"] and ort_peer["tool"] == ort_built["tool"]
     # "ours" here: the fp32 graph stands in for the int8 one (the comparison only needs a graph to alternate with)
     ours = {"name": "distilbert/onnx-int8-optimized", "format": "onnx", "max_positions": 128, "vocab_size": 200,
             "path": str(tiny_full_size / "full_size" / "distilbert" / "onnx" / "fp32" / "model.onnx"),
@@ -98,16 +121,31 @@ def test_the_benchmark_builds_and_times_the_peers_named_in_timed_full_size(tiny_
         pair = in_turn["seq32"]["threads1"]
         assert set(pair) == {"peer", "ours"} and all(0 < cell["p50"] <= cell["p90"] for cell in pair.values())
     none_named = tiny_config(export={"full_size": {"architectures": ["distilbert"]}}, benchmark={"timed_full_size": []})
-    assert benchmark.peer_artifacts(tiny_full_size, none_named, tmp_path / "none") == ([], {})
+    assert benchmark.peer_artifacts(tmp_path / "no-root", none_named) == ([], {})
+
+
+def test_a_peer_named_but_not_built_or_unknown_stops_naming_the_file_or_the_peer(tiny_full_size, tmp_path):
+    root = output_root(tiny_full_size, tmp_path)
+    cfg = tiny_config(export={"full_size": {"architectures": ["distilbert"]}},
+                      benchmark={"timed_full_size": ["distilbert/onnx-ortquantizer-int8"]})
+    (root / "peers" / "distilbert").mkdir(parents=True)
+    (root / "peers" / "distilbert" / "peers.json").write_text(json.dumps({"peers": {}, "skipped": {}}))
+    with pytest.raises(benchmark.BenchmarkInputError, match="peers.json: onnx-ortquantizer-int8 is named"):
+        benchmark.peer_artifacts(root, cfg)
+    with pytest.raises(ValueError, match="unknown peers"):
+        export_peers.run(cfg, root / "full_size" / "distilbert", ["onnx-fp16"], tmp_path / "peers")
 
 
 def test_a_cpu_without_an_ortquantizer_preset_leaves_that_peer_out_with_the_reason(tiny_full_size, tmp_path,
                                                                                   monkeypatch):
-    monkeypatch.setattr(benchmark, "cpu_description", lambda: {"model_name": "old", "simd_flags": ["sse4_2"]})
+    root = output_root(tiny_full_size, tmp_path)
+    monkeypatch.setattr(export_peers, "cpu_description", lambda: {"model_name": "old", "simd_flags": ["sse4_2"]})
     cfg = tiny_config(export={"full_size": {"architectures": ["distilbert"]}},
                       benchmark={"timed_full_size": ["distilbert/onnx-ortquantizer-int8"]})
-    built, skipped = benchmark.peer_artifacts(tiny_full_size, cfg, tmp_path)
-    assert built == [] and "no AutoQuantizationConfig preset" in skipped["distilbert/onnx-ortquantizer-int8"]
+    built = export_peers.run(cfg, root / "full_size" / "distilbert", [peers.ORT_PEER], root / "peers" / "distilbert")
+    assert built["peers"] == {} and not (root / "peers" / "distilbert" / peers.ORT_PEER).exists()
+    timed, skipped = benchmark.peer_artifacts(root, cfg)
+    assert timed == [] and "no AutoQuantizationConfig preset" in skipped["distilbert/onnx-ortquantizer-int8"]
     section = "\n".join(report.peer_section([], cfg, skipped))
     assert "distilbert/onnx-ortquantizer-int8: not built on this machine: no AutoQuantizationConfig preset" in section
 

@@ -48,7 +48,9 @@ def test_every_stage_wrote_its_outputs_and_metrics(dag_outputs):
         for kind, report in (("onnx", "export.json"), ("quantized", "quantize.json"), ("coreml", "coreml.json")):
             assert (dag_outputs / kind / model / report).is_file(), f"{kind}/{model}/{report}"
     assert (dag_outputs / "bundle" / "manifest.json").is_file()
-    assert not (dag_outputs / "full_size").exists()  # off in configs/test.yaml
+    # off in configs/test.yaml, and with them the builds around the full-size search
+    for folder in ("full_size", "int8_search", "full_size_int8", "peers", "gemm_floor"):
+        assert not (dag_outputs / folder).exists(), folder
     assert (dag_outputs / "benchmark" / "benchmark.json").is_file()
     train_log = (dag_outputs / "teacher" / "train_log.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in train_log] == [2, 4, 6]

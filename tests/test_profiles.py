@@ -17,6 +17,7 @@ pytestmark = pytest.mark.integration
 
 PROFILES = PROJECT_ROOT / "profiles"
 EXPORT_AND_BENCHMARK_RULES = {"export_onnx", "quantize_onnx", "export_coreml", "export_full_size", "bundle",
+                              "int8_search", "export_full_size_int8", "export_peers", "export_gemm_floor",
                               "benchmark", "report"}
 
 
@@ -49,6 +50,9 @@ def test_the_paper_recipe_plans_the_whole_dag_offline(tmp_path, profile):
     # A hub teacher: no teacher_pretrain; the student and every export are planned (the random-init ablation is
     # built by target study).
     assert "teacher_pretrain" not in jobs and jobs["distill_pretrain"] == 1 and jobs["export_onnx"] == 3
+    # The full-size builds the benchmark times: BERT-base's searched int8 graph, DistilBERT's peers (the ones
+    # benchmark.timed_full_size names), the GEMM floor.
+    assert jobs["export_full_size"] == 2 and jobs["export_full_size_int8"] == jobs["export_peers"] == 1
     assert not (tmp_path / "paper").exists()
 
 

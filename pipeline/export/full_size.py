@@ -1,5 +1,5 @@
 """Full-size architectures (DistilBERT-base, BERT-base) for sizes and latency: the model (random weights unless
-named), random token windows for parity and calibration, and their CoreML packages.
+named), random token windows for parity and calibration, their int8 graphs and their CoreML packages.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import numpy as np
 from pipeline import onnx_qa, qa
 from pipeline.artifacts import directory_size_bytes, megabytes
 from pipeline.config import PipelineConfig
+from pipeline.export import int8
 
 PARITY_WINDOWS, PARITY_LENGTH = 4, 128
 ARCHITECTURES = ("distilbert", "bert-base")
@@ -43,6 +44,17 @@ def random_windows(vocab_size: int, seed: int, count: int = PARITY_WINDOWS) -> o
                           np.zeros_like(input_ids), [[None] * PARITY_LENGTH] * count)
 
 
+def build_int8_recipes(onnx_dir: Path, out_dir: Path, recipes: dict[str, int8.Int8Recipe], cfg: PipelineConfig,
+                       vocab_size: int, graphs_dir: Path, int4_block_size: int | None = None) -> list[str]:
+    """The int8 recipes (and 4-bit blocks unless int4_block_size is None) of a full-size ONNX export, each in its own
+    folder of out_dir; returns the variant names. Random weights make calibrated scales meaningless beyond their
+    graph shape: a few random windows calibrate the static recipes (each runs the full-size fp32 graph once)."""
+    settings = int8.quantization_settings(cfg.export.quantize)
+    calibration = random_windows(vocab_size, cfg.seed + 1)
+    return int8.build_variants(onnx_dir, out_dir, settings, recipes, calibration, PARITY_WINDOWS, int4_block_size,
+                               int4_embeddings=True, graphs_dir=graphs_dir)
+
+
 def torch_logits(model_dir: Path, windows: onnx_qa.Windows) -> tuple[np.ndarray, np.ndarray]:
     import torch
     from transformers import AutoModelForQuestionAnswering
@@ -56,7 +68,7 @@ def torch_logits(model_dir: Path, windows: onnx_qa.Windows) -> tuple[np.ndarray,
 
 
 def export_coreml_packages(pytorch_dir: Path, coreml_dir: Path, cfg: PipelineConfig, out_dir: Path) -> dict:
-    # Imported here: coremltools loads only where packages are built (the benchmark imports this module too).
+    # Imported here: coremltools loads only where packages are built.
     from pipeline.export import coreml
 
     # The size goal counts every weight, so the full-size export palettizes the embedding tables too.

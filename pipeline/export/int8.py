@@ -20,7 +20,7 @@ from pipeline.artifacts import bundled_model, exported_models, read_json
 from pipeline.config import PipelineConfig, QuantizeConfig
 from pipeline.export.onnx_graph import MODEL_FILE, optimize_graph
 from pipeline.gates import GateError
-from pipeline.latency import compare_latency, cpu_description
+from pipeline.latency import compare_latency, cpu_description, fastest_first
 from pipeline.statistics import paired_bootstrap_interval
 
 NAIVE = "int8"
@@ -226,7 +226,7 @@ def choose_bundle_variant(variants: dict, f1_by_question: dict[str, np.ndarray],
                                               "as_accurate": high >= 0}
         if high >= 0:
             as_accurate.append(name)
-    as_accurate.sort(key=lambda name: variants[name]["latency_ms"]["p50"])
+    as_accurate = fastest_first({name: variants[name]["latency_ms"] for name in as_accurate})
     less_accurate = len(passing) - len(as_accurate)
     accuracy = (f"{len(as_accurate)} of {len(passing)} passing variants as accurate as the best ({most_accurate}, "
                 f"F1 {variants[most_accurate]['f1']})"
@@ -243,7 +243,7 @@ def choose_bundle_variant(variants: dict, f1_by_question: dict[str, np.ndarray],
                              f"{variants[larger]['size_mb']} MB)")
 
 
-# The full-size search: which recipe the speed goals are measured with (benchmark rule).
+# The full-size search: which recipe the speed goals are measured with (rule int8_search).
 
 
 def recipes_passing_everywhere(root: Path, cfg: PipelineConfig) -> tuple[list[str], dict, str]:
@@ -276,12 +276,12 @@ def search_int8(root: Path, cfg: PipelineConfig) -> dict:
     length = max(bcfg.sequence_lengths)
     paths = {name: folder / "onnx" / name / "model.onnx" for name in candidates}
     first = compare_latency(paths, length, vocab_size, threads=1, runs=bcfg.search_runs, warmup=bcfg.warmup)
-    finalists = sorted(candidates, key=lambda name: first[name]["p50"])[:2]
+    finalists = fastest_first(first)[:2]
     pairs = {f"{name}|{options}": (name, options) for name in finalists for options in bcfg.session_options}
     second = compare_latency({key: paths[name] for key, (name, _) in pairs.items()}, length, vocab_size, threads=1,
                              runs=bcfg.search_runs, warmup=bcfg.warmup,
                              option_sets={key: options for key, (_, options) in pairs.items()})
-    ranked = sorted(pairs, key=lambda key: second[key]["p50"])
+    ranked = fastest_first(second)
     best_recipe, best_options = pairs[ranked[0]]
     runner_up = next((key for key in ranked if pairs[key][0] != best_recipe), ranked[1] if len(ranked) > 1 else None)
     return {

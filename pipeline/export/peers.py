@@ -1,8 +1,9 @@
-"""The int8 paths a user would otherwise pick, built so the benchmark can time them beside ours.
+"""The int8 paths a user would otherwise pick, built (rule export_peers) so the benchmark can time them beside ours.
 
 - torch-dynamic-int8: PyTorch's dynamic quantization (`torch.ao.quantization.quantize_dynamic` of every Linear
-  layer to qint8) on the quantized engine that is fastest on this CPU: every engine this torch build supports is
-  timed, the benchmark keeps the fastest.
+  layer to qint8) on the quantized engine that is fastest on this CPU. It quantizes at load time, its weights
+  packed for the engine then set: the build records its size on every engine this torch build supports, and the
+  benchmark times each engine and keeps the fastest.
 - onnx-ortquantizer-int8: optimum's `ORTQuantizer` with the `AutoQuantizationConfig` preset for this CPU
   (avx512_vnni, avx512, avx2 or arm64), dynamic (no calibration data), on optimum's plain fp32 export.
 """
@@ -63,6 +64,10 @@ def torch_engines() -> list[str]:
     return [engine for engine in torch.backends.quantized.supported_engines if engine != "none"]
 
 
+def torch_peer_tool(engine: str) -> str:
+    return f"torch.ao.quantization.quantize_dynamic (nn.Linear, qint8, engine {engine})"
+
+
 def torch_dynamic_int8(model, engine: str, inplace: bool = False):
     """`model` (a copy unless inplace) with every Linear layer dynamically quantized to qint8, its weights packed
     for `engine`."""
@@ -79,3 +84,11 @@ def state_dict_megabytes(model) -> float:
     buffer = io.BytesIO()
     torch.save(model.state_dict(), buffer)
     return round(buffer.tell() / 1e6, 3)
+
+
+def torch_peer_megabytes(pytorch_dir: Path) -> dict[str, float]:
+    """state_dict_megabytes of the torch peer of the fp32 model in pytorch_dir, on every quantized engine."""
+    from transformers import AutoModelForQuestionAnswering
+
+    fp32 = AutoModelForQuestionAnswering.from_pretrained(pytorch_dir).eval()
+    return {engine: state_dict_megabytes(torch_dynamic_int8(fp32, engine)) for engine in torch_engines()}

@@ -1,23 +1,25 @@
 """Stage benchmark: size, dev accuracy, latency and peak memory of every artifact, measured on this machine.
 
-Artifacts: every model the pipeline exported (PyTorch fp32 as the baseline, ONNX fp32 / fused / int8 / 4-bit,
-the bundle's .ort, CoreML packages) and the full-size architectures (export_full_size).
+It times what the export rules built and builds nothing. Artifacts: every model the pipeline exported (PyTorch
+fp32 as the baseline, ONNX fp32 / fused / int8 / 4-bit, the bundle's .ort, CoreML packages), the full-size
+architectures (export_full_size), their searched int8 graphs (int8_search, export_full_size_int8), the peers
+(export_peers) and the GEMM floor graph (export_gemm_floor).
 - size: bytes on disk (MB = 10^6 bytes; an .mlpackage counts every file in it).
 - dev exact match / F1: as the export stages measured them (ONNX through onnxruntime with the torch-free
   answerer, PyTorch from training, CoreML from its PyTorch-side proxy); null for the random-weight full-size
   architectures.
 - latency: batch 1, every configured length and thread count, p50 and p90 over `runs` timed runs after
-  `warmup`; onnxruntime sessions and torch pinned to the thread count, one process per artifact whose peak
-  resident memory is recorded. CoreML cannot run on Linux: its latency is null, with the reason.
-- int8 search (pipeline.export.int8.search_int8): every int8 recipe of the full-size DistilBERT (export_full_size)
-  that passed its accuracy gates on every trained model (quantize_onnx) is timed at the longest length with 1
-  thread, round-robin; the two fastest are timed again under each configured onnxruntime session option set, and
-  the fastest pair is "distilbert/onnx-int8-optimized" (its runner-up and every timing recorded). bert-base's int8
-  graph is built here with the same recipe, so "bert-base/onnx-int8-optimized" is the same path applied to
-  BERT-base.
-- GEMM floor: an ONNX graph of just the full-size DistilBERT int8 graph's MatMulInteger nodes (same weights and
-  shapes), timed like the model at the longest length with 1 thread: model latency / floor says how close the
-  model runs to this machine's int8 matrix-multiply speed.
+  `warmup` (pipeline.latency, the pipeline's one timer); onnxruntime sessions and torch pinned to the thread
+  count, one process per artifact whose peak resident memory is recorded. CoreML cannot run on Linux: its latency
+  is null, with the reason.
+- int8 search (rule int8_search, copied into benchmark.json): the fastest gate-passing int8 recipe and session
+  options of the full-size DistilBERT are "distilbert/onnx-int8-optimized"; export_full_size_int8 built
+  bert-base's graph with the same recipe, so "bert-base/onnx-int8-optimized" is the same path applied to BERT-base.
+- peers: the int8 paths a user would otherwise pick (export_peers), timed like every artifact and, at 1 thread,
+  in turn with our graph in one process; the torch peer on every quantized engine first, the fastest kept.
+- GEMM floor: the full-size DistilBERT int8 graph's MatMulInteger nodes alone (export_gemm_floor), timed like the
+  model at the longest length with 1 thread: model latency / floor says how close the model runs to this
+  machine's int8 matrix-multiply speed.
 - profile: onnxruntime's profiler over the full-size int8 graphs, time per operator type.
 The rule takes every core Snakemake has, so nothing runs beside the timed runs.
 """
@@ -28,11 +30,9 @@ import argparse
 import json
 import logging
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +40,9 @@ import numpy as np
 from pipeline.artifacts import (atomic_output_dir, atomic_write_json, bundled_model, directory_size_bytes, exported_models,
                                 megabytes, read_json, setup_logging)
 from pipeline.config import BenchmarkConfig, PipelineConfig, config_from_json
-from pipeline.latency import cpu_description, onnx_session, synthetic_feed
+from pipeline.errors import PipelineError
+from pipeline.latency import (cpu_description, fastest_first, onnx_session, synthetic_feed, time_calls,
+                              time_in_turn)
 
 # The export libraries are imported where they are used: every timed artifact runs in a fresh process that imports
 # this module, and its start-up must not grow with them.
@@ -49,6 +51,11 @@ logger = logging.getLogger(__name__)
 
 COREML_UNTIMED = "CoreML prediction runs only on macOS; this benchmark ran on Linux"
 TORCH_DYNAMIC_INT8 = "int8-dynamic"  # precision of the PyTorch dynamic-quantization peer
+NAIVE_INT8 = "int8"  # the naive int8 graph's folder (pipeline.export.int8.NAIVE; that module is not imported here)
+
+
+class BenchmarkInputError(PipelineError, ValueError):
+    """A built artifact that does not match what the benchmark was asked to time."""
 
 
 # ------------------------------------------------------------------------------------------------ inventory
@@ -134,42 +141,11 @@ def full_size_artifacts(root: Path, architectures: list[str], timed: list[str]) 
 # ------------------------------------------------------------------------------------------------- timing
 
 
-def percentiles(times_ms: list[float]) -> dict:
-    return {"p50": round(float(np.percentile(times_ms, 50)), 3), "p90": round(float(np.percentile(times_ms, 90)), 3)}
-
-
-def timed(run_once, cfg: BenchmarkConfig) -> dict:
-    """p50/p90 in ms of `run_once()` over cfg.runs calls after cfg.warmup untimed ones."""
-    for _ in range(cfg.warmup):
-        run_once()
-    times = []
-    for _ in range(cfg.runs):
-        start = time.perf_counter()
-        run_once()
-        times.append((time.perf_counter() - start) * 1000)
-    return percentiles(times)
-
-
 def time_onnx(path: str, sequence_length: int, threads: int, vocab_size: int, cfg: BenchmarkConfig,
               option_set: str = "default") -> dict:
     session = onnx_session(path, threads, option_set)
     feed = synthetic_feed(session, sequence_length, vocab_size)
-    return timed(lambda: session.run(None, feed), cfg)
-
-
-def in_turn(runs_once: dict, runs: int, warmup: int) -> dict[str, dict]:
-    """p50/p90 in ms of each named callable, called round-robin (`runs` each after `warmup`), so drift in machine
-    speed hits every one alike."""
-    for _ in range(warmup):
-        for run_once in runs_once.values():
-            run_once()
-    times: dict[str, list[float]] = {name: [] for name in runs_once}
-    for _ in range(runs):
-        for name, run_once in runs_once.items():
-            start = time.perf_counter()
-            run_once()
-            times[name].append((time.perf_counter() - start) * 1000)
-    return {name: percentiles(t) for name, t in times.items()}
+    return time_calls(lambda: session.run(None, feed), cfg.runs, cfg.warmup)
 
 
 def torch_inputs(vocab_size: int, sequence_length: int) -> dict:
@@ -187,7 +163,7 @@ def time_pytorch(model, sequence_length: int, threads: int, vocab_size: int, cfg
     torch.set_num_threads(threads)
     inputs = torch_inputs(vocab_size, sequence_length)
     with torch.inference_mode():
-        return timed(lambda: model(**inputs), cfg)
+        return time_calls(lambda: model(**inputs), cfg.runs, cfg.warmup)
 
 
 def load_pytorch(item: dict):
@@ -222,9 +198,10 @@ def search_torch_engine(item: dict, cfg: BenchmarkConfig) -> dict:
             run_once()
         return run_on_engine
 
-    engines = in_turn({engine: on_engine(engine) for engine in peers.torch_engines()}, cfg.search_runs, cfg.warmup)
+    engines = time_in_turn({engine: on_engine(engine) for engine in peers.torch_engines()}, cfg.search_runs,
+                           cfg.warmup)
     return {"sequence_length": length, "threads": 1, "runs": cfg.search_runs, "engines": engines,
-            "choice": min(engines, key=lambda engine: engines[engine]["p50"])}
+            "choice": fastest_first(engines)[0]}
 
 
 def runner(item: dict, sequence_length: int, threads: int, model=None):
@@ -261,7 +238,7 @@ def interleaved_with_ours(peer: dict, ours: dict, cfg: BenchmarkConfig) -> dict:
         if length > min(peer["max_positions"], ours["max_positions"]):
             continue
         runs_once = {"peer": runner(peer, length, 1, peer_model), "ours": runner(ours, length, 1)}
-        comparison[f"seq{length}"] = {"threads1": in_turn(runs_once, cfg.runs, cfg.warmup)}
+        comparison[f"seq{length}"] = {"threads1": time_in_turn(runs_once, cfg.runs, cfg.warmup)}
     return comparison
 
 
@@ -315,44 +292,12 @@ def peak_rss_mb() -> float | None:
     return None
 
 
-def gemm_floor_graph(int8_model_path: Path, sequence_length: int, out_path: Path) -> int:
-    """An ONNX graph of only the model's MatMulInteger nodes with its own weights; returns how many there are."""
-    import onnx
-    from onnx import TensorProto, helper
-
-    model = onnx.load(str(int8_model_path))
-    initializers = {init.name: init for init in model.graph.initializer}
-    nodes, inputs, outputs, used = [], {}, [], {}
-    for node in model.graph.node:
-        if node.op_type != "MatMulInteger" or node.input[1] not in initializers:
-            continue
-        weight = initializers[node.input[1]]
-        in_features = weight.dims[0]
-        activation = f"activation_{in_features}"
-        if activation not in inputs:
-            inputs[activation] = helper.make_tensor_value_info(activation, TensorProto.UINT8, [1, sequence_length,
-                                                                                               in_features])
-        for name in node.input[1:]:
-            if name and name in initializers:
-                used[name] = initializers[name]
-        output = f"product_{len(nodes)}"
-        nodes.append(helper.make_node("MatMulInteger", [activation, node.input[1], "activation_zero_point",
-                                                        node.input[3] if len(node.input) > 3 else ""], [output]))
-        outputs.append(helper.make_tensor_value_info(output, TensorProto.INT32, None))
-    zero_point = helper.make_tensor("activation_zero_point", TensorProto.UINT8, [], [128])
-    graph = helper.make_graph(nodes, "gemm_floor", list(inputs.values()), outputs,
-                              initializer=list(used.values()) + [zero_point])
-    floor = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    floor.ir_version = model.ir_version
-    onnx.save(floor, str(out_path))
-    return len(nodes)
-
-
-def time_gemm_floor(path: Path, sequence_length: int, cfg: BenchmarkConfig) -> dict:
+def time_gemm_floor(path: Path, cfg: BenchmarkConfig) -> dict:
+    """The GEMM floor graph (export_gemm_floor) at 1 thread on random uint8 activations of its own shapes."""
     session = onnx_session(path, 1)
     rng = np.random.default_rng(0)
     feed = {i.name: rng.integers(0, 256, size=i.shape, dtype=np.uint8) for i in session.get_inputs()}
-    return timed(lambda: session.run(None, feed), cfg)
+    return time_calls(lambda: session.run(None, feed), cfg.runs, cfg.warmup)
 
 
 def profile_ops(path: Path, sequence_length: int, vocab_size: int, runs: int, scratch: Path) -> list[dict]:
@@ -380,38 +325,21 @@ def profile_ops(path: Path, sequence_length: int, vocab_size: int, runs: int, sc
             for op, us in ranked[:10]]
 
 
-def build_bert_base_int8(root: Path, cfg: PipelineConfig, recipe_name: str, distilbert_recipes: dict,
-                         out_dir: Path) -> Path:
-    """bert-base's int8 graph with the recipe the DistilBERT search chose (the naive one is already built)."""
-    from pipeline.export import int8
-    from pipeline.export.full_size import random_windows
-
-    onnx_dir = root / "full_size" / "bert-base" / "onnx"
-    if recipe_name == int8.NAIVE:
-        return onnx_dir / int8.NAIVE / "model.onnx"
-    recipe = int8.Int8Recipe(**distilbert_recipes[recipe_name])
-    qcfg = cfg.export.quantize
-    _, vocab_size = model_shape(root / "full_size" / "bert-base" / "pytorch" / "config.json")
-    calibration = random_windows(vocab_size, cfg.seed + 1)  # as export_full_size calibrates DistilBERT
-    settings = int8.quantization_settings(qcfg)
-    int8.build_variants(onnx_dir, out_dir, settings, {recipe_name: recipe}, calibration, len(calibration),
-                            None, False, graphs_dir=out_dir / "graphs")
-    shutil.rmtree(out_dir / "graphs", ignore_errors=True)
-    return out_dir / recipe_name / "model.onnx"
-
-
-def optimized_int8_artifacts(root: Path, cfg: PipelineConfig, search: dict, tmp: Path) -> list[dict]:
-    """"<architecture>/onnx-int8-optimized" for each full-size architecture: the search's recipe and session options.
-    A graph built here lies under tmp until the stage's output is committed; its "final_path" is where it ends up."""
+def optimized_int8_artifacts(root: Path, cfg: PipelineConfig, search: dict) -> list[dict]:
+    """"<architecture>/onnx-int8-optimized" for each full-size architecture: the search's recipe and session options,
+    on the full-size DistilBERT's own graph of that recipe and on the others' export_full_size_int8 graphs."""
     recipe_name = search["choice"]["recipe"]
-    recipes = read_json(root / "full_size" / "distilbert" / "full_size.json")["int8_recipes"]
     items = []
     for architecture in cfg.export.full_size.architectures:
         folder = root / "full_size" / architecture
         if architecture == "distilbert":
             path = folder / "onnx" / recipe_name / "model.onnx"
         else:
-            path = build_bert_base_int8(root, cfg, recipe_name, recipes, tmp / f"{architecture}-int8-optimized")
+            built = read_json(root / "full_size_int8" / architecture / "full_size_int8.json")
+            if built["recipe"] != recipe_name:
+                raise BenchmarkInputError(f"{root}/full_size_int8/{architecture}/full_size_int8.json: built with "
+                                          f"{built['recipe']}, but the int8 search chose {recipe_name}")
+            path = root / "full_size_int8" / architecture / built["path"]
         max_positions, vocab_size = model_shape(folder / "pytorch" / "config.json")
         name = f"{architecture}/onnx-int8-optimized"
         timed_here = name in cfg.benchmark.timed_full_size
@@ -424,43 +352,47 @@ def optimized_int8_artifacts(root: Path, cfg: PipelineConfig, search: dict, tmp:
     return items
 
 
-def peer_artifacts(root: Path, cfg: PipelineConfig, tmp: Path) -> tuple[list[dict], dict[str, str]]:
-    """The int8 paths a user would otherwise pick (pipeline.export.peers), for each full-size architecture whose
-    peers benchmark.timed_full_size names; built here, timed like every artifact. Their "ours" is the architecture's
-    onnx-int8-optimized graph, the one their latency is compared with. Returns the peers and, by name, why a named
-    one could not be built on this machine."""
+def peer_artifacts(root: Path, cfg: PipelineConfig) -> tuple[list[dict], dict[str, str]]:
+    """The int8 paths a user would otherwise pick (export_peers), for each full-size architecture whose peers
+    benchmark.timed_full_size names; the torch peer's engine is chosen here, by timing every engine in turn. Their
+    "ours" is the architecture's onnx-int8-optimized graph, the one their latency is compared with. Returns the
+    peers and, by name, why a named one could not be built on this machine."""
     from pipeline.export import peers
 
     bcfg = cfg.benchmark
     items, skipped = [], {}
     for architecture in cfg.export.full_size.architectures:
+        named = [peer for peer in (peers.TORCH_PEER, peers.ORT_PEER)
+                 if f"{architecture}/{peer}" in bcfg.timed_full_size]
+        if not named:
+            continue
         folder = root / "full_size" / architecture
+        report_path = root / "peers" / architecture / "peers.json"
+        built = read_json(report_path)
+        skipped.update(built["skipped"])
         max_positions, vocab_size = model_shape(folder / "pytorch" / "config.json")
         shape = {"max_positions": max_positions, "vocab_size": vocab_size}
         ours = f"{architecture}/onnx-int8-optimized"
-        if f"{architecture}/{peers.TORCH_PEER}" in bcfg.timed_full_size:
-            item = artifact(f"{architecture}/{peers.TORCH_PEER}", architecture, "pytorch", TORCH_DYNAMIC_INT8,
-                            folder / "pytorch" / "model.safetensors", **shape)
-            logger.info("timing %s on every quantized engine", item["name"])
-            search = in_worker(item, bcfg, "torch-engine-search")
-            item.update(engine=search["choice"], engine_search=search, peer_of=ours,
-                        tool=f"torch.ao.quantization.quantize_dynamic (nn.Linear, qint8, engine {search['choice']})")
-            item["size_mb"] = in_worker(item, bcfg, "torch-peer-size")["size_mb"]  # the quantized state_dict
-            items.append(item)
-        if f"{architecture}/{peers.ORT_PEER}" in bcfg.timed_full_size:
-            try:
-                preset = peers.ort_preset(cpu_description()["simd_flags"])
-            except ValueError as error:  # a CPU optimum has no preset for: the rest of the benchmark still runs
-                skipped[f"{architecture}/{peers.ORT_PEER}"] = str(error)
-                logger.warning("not built: %s/%s: %s", architecture, peers.ORT_PEER, error)
+        for peer in named:
+            name = f"{architecture}/{peer}"
+            if name in built["skipped"]:
                 continue
-            logger.info("building %s/%s with the %s preset", architecture, peers.ORT_PEER, preset)
-            path, settings = peers.build_ortquantizer_int8(folder / "onnx" / "fp32", tmp / "peers" / architecture,
-                                                           preset)
-            item = artifact(f"{architecture}/{peers.ORT_PEER}", architecture, "onnx", f"int8-ortquantizer-{preset}",
-                            path, **shape)
-            item.update(peer_of=ours, quantization=settings,
-                        tool=f"optimum ORTQuantizer, AutoQuantizationConfig.{preset}(is_static=False)")
+            if peer not in built["peers"]:
+                raise BenchmarkInputError(f"{report_path}: {peer} is named in benchmark.timed_full_size but was "
+                                          "not built (rule export_peers)")
+            recorded = built["peers"][peer]
+            if peer == peers.TORCH_PEER:
+                item = artifact(name, architecture, "pytorch", TORCH_DYNAMIC_INT8,
+                                folder / "pytorch" / "model.safetensors", **shape)
+                logger.info("timing %s on every quantized engine", name)
+                search = in_worker(item, bcfg, "torch-engine-search")
+                item.update(engine=search["choice"], engine_search=search, peer_of=ours,
+                            tool=peers.torch_peer_tool(search["choice"]))
+                item["size_mb"] = recorded["size_mb_by_engine"][search["choice"]]  # its quantized state_dict
+            else:
+                item = artifact(name, architecture, "onnx", recorded["precision"],
+                                root / "peers" / architecture / recorded["path"], **shape)
+                item.update(peer_of=ours, quantization=recorded["quantization"], tool=recorded["tool"])
             items.append(item)
     return items, skipped
 
@@ -474,55 +406,49 @@ def run(cfg: PipelineConfig, root: Path, out_dir: Path) -> dict:
                                                           bcfg.timed_full_size)
     longest = max(bcfg.sequence_lengths)
     with_search = "distilbert" in cfg.export.full_size.architectures
-    with atomic_output_dir(out_dir, cfg) as tmp:
-        int8_search = None
-        if with_search:
-            logger.info("searching the full-size DistilBERT int8 recipes")
-            from pipeline.export import int8
-
-            int8_search = int8.search_int8(root, cfg)
-            items += optimized_int8_artifacts(root, cfg, int8_search, tmp)
-        peer_items, peers_skipped = peer_artifacts(root, cfg, tmp)
-        items += peer_items
-        for item in items:
-            if not item["timed"]:
-                item["latency_ms"], item["peak_rss_mb"] = None, None
-                continue
-            logger.info("timing %s", item["name"])
-            item["latency_ms"], item["peak_rss_mb"] = measure(item, bcfg)
-        by_name = {item["name"]: item for item in items}
-        for peer in peer_items:
-            ours = by_name.get(peer["peer_of"])
-            if ours is not None and ours["timed"]:
-                logger.info("timing %s and %s in turn", peer["name"], ours["name"])
-                peer["interleaved_with_ours"] = in_worker({**peer, "ours": ours}, bcfg, "interleaved-with-ours")
-        for item in items:  # graphs built here end up in out_dir once the output is committed
-            if Path(item["path"]).is_relative_to(tmp):
-                item["path"] = str(out_dir / Path(item["path"]).relative_to(tmp))
-        gemm_floor, profiles = None, {}
-        if with_search:
-            distilbert = root / "full_size" / "distilbert" / "onnx"
-            n_matmuls = gemm_floor_graph(distilbert / "int8" / "model.onnx", longest, tmp / "gemm_floor.onnx")
-            gemm_floor = {"sequence_length": longest, "threads": 1, "n_matmul_integer": n_matmuls,
-                          "latency_ms": time_gemm_floor(tmp / "gemm_floor.onnx", longest, bcfg)}
-            _, vocab_size = model_shape(root / "full_size" / "distilbert" / "pytorch" / "config.json")
-            profiled = {"distilbert/onnx-int8": distilbert / "int8" / "model.onnx",
-                        "distilbert/onnx-int8-optimized": distilbert / int8_search["choice"]["recipe"] / "model.onnx"}
+    int8_search = read_json(root / "int8_search" / "int8_search.json") if with_search else None
+    if with_search:
+        items += optimized_int8_artifacts(root, cfg, int8_search)
+    peer_items, peers_skipped = peer_artifacts(root, cfg)
+    items += peer_items
+    for item in items:
+        if not item["timed"]:
+            item["latency_ms"], item["peak_rss_mb"] = None, None
+            continue
+        logger.info("timing %s", item["name"])
+        item["latency_ms"], item["peak_rss_mb"] = measure(item, bcfg)
+    by_name = {item["name"]: item for item in items}
+    for peer in peer_items:
+        ours = by_name.get(peer["peer_of"])
+        if ours is not None and ours["timed"]:
+            logger.info("timing %s and %s in turn", peer["name"], ours["name"])
+            peer["interleaved_with_ours"] = in_worker({**peer, "ours": ours}, bcfg, "interleaved-with-ours")
+    gemm_floor, profiles = None, {}
+    if with_search:
+        floor = read_json(root / "gemm_floor" / "gemm_floor.json")
+        if floor["sequence_length"] != longest:
+            raise BenchmarkInputError(f"{root}/gemm_floor/gemm_floor.json: built for {floor['sequence_length']} "
+                                      f"tokens, but the longest benchmark.sequence_lengths is {longest}")
+        gemm_floor = {"sequence_length": longest, "threads": 1, "n_matmul_integer": floor["n_matmul_integer"],
+                      "latency_ms": time_gemm_floor(root / "gemm_floor" / floor["path"], bcfg)}
+        distilbert = root / "full_size" / "distilbert" / "onnx"
+        _, vocab_size = model_shape(root / "full_size" / "distilbert" / "pytorch" / "config.json")
+        profiled = {"distilbert/onnx-int8": distilbert / NAIVE_INT8 / "model.onnx",
+                    "distilbert/onnx-int8-optimized": distilbert / int8_search["choice"]["recipe"] / "model.onnx"}
+        with tempfile.TemporaryDirectory() as traces:  # onnxruntime's profiler writes one trace file per session
             for name, path in profiled.items():
-                profiles[name] = profile_ops(path, longest, vocab_size, bcfg.profile_runs, tmp)
-            for trace in tmp.glob("*.json"):
-                if trace.name != "benchmark.json":
-                    trace.unlink()
-        metrics = {
-            "machine": machine_description(),
-            "settings": {"sequence_lengths": bcfg.sequence_lengths, "threads": bcfg.threads, "runs": bcfg.runs,
-                         "warmup": bcfg.warmup, "batch_size": 1},
-            "artifacts": items,
-            "int8_search": int8_search,
-            "peers_skipped": peers_skipped,
-            "gemm_floor": gemm_floor,
-            "profiles": profiles,
-        }
+                profiles[name] = profile_ops(path, longest, vocab_size, bcfg.profile_runs, Path(traces))
+    metrics = {
+        "machine": machine_description(),
+        "settings": {"sequence_lengths": bcfg.sequence_lengths, "threads": bcfg.threads, "runs": bcfg.runs,
+                     "warmup": bcfg.warmup, "batch_size": 1},
+        "artifacts": items,
+        "int8_search": int8_search,
+        "peers_skipped": peers_skipped,
+        "gemm_floor": gemm_floor,
+        "profiles": profiles,
+    }
+    with atomic_output_dir(out_dir, cfg) as tmp:
         atomic_write_json(tmp / "benchmark.json", metrics)
     return metrics
 
@@ -548,10 +474,6 @@ def worker_main(item_json: str, benchmark_json: str, task: str, out: Path) -> in
         atomic_write_json(out, search_torch_engine(item, cfg))
     elif task == "interleaved-with-ours":
         atomic_write_json(out, interleaved_with_ours(item, item["ours"], cfg))
-    elif task == "torch-peer-size":
-        from pipeline.export import peers
-
-        atomic_write_json(out, {"size_mb": peers.state_dict_megabytes(load_pytorch(item))})
     else:
         latency = measure_in_this_process(item, cfg)
         atomic_write_json(out, {"latency_ms": latency, "peak_rss_mb": peak_rss_mb()})

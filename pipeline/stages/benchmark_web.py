@@ -106,7 +106,7 @@ STUDENT = ("student", EXPORTED_MODELS["student"])  # the bundled model of the tr
 
 def models_to_time(root: Path, with_full_size: bool = True, bundled: tuple[str, str] = STUDENT) -> list[dict]:
     """The bundle's model (the chosen int8 graph of `bundled`: its name and stage folder) and, if asked and searched
-    by rule benchmark, the full-size DistilBERT int8-optimized graph."""
+    by rule int8_search (benchmark.json's copy), the full-size DistilBERT int8-optimized graph."""
     bundle = root / "bundle"
     name, stage = bundled
     for needed in (bundle / "qa_config.json", bundle / "metrics.json", root / stage / "config.json"):

@@ -7,8 +7,8 @@ real ones, and exports them exactly as the trained models are exported:
   distilbert (6 x 768): ONNX fp32, fused, every int8 recipe of the search (int8.int8_recipes; static ones
                         calibrated on random token windows), 4-bit, and CoreML fp16, int8 and 4-bit (every weight
                         palettized); size goals int8 ONNX <= max_int8_onnx_mb, CoreML 4-bit <= max_coreml_4bit_mb.
-  bert-base (12 x 768): ONNX fp32, fused, naive int8: the speed baseline of the benchmark (which builds its int8
-                        graph with the recipe the DistilBERT search chose).
+  bert-base (12 x 768): ONNX fp32, fused, naive int8: the speed baseline of the benchmark (rule
+                        export_full_size_int8 builds its int8 graph with the recipe the DistilBERT search chose).
 Fusions and logit parity (on random token windows) are checked as in export_onnx.
 """
 
@@ -23,8 +23,8 @@ from pathlib import Path
 from pipeline.artifacts import atomic_output_dir, atomic_write_json, directory_size_bytes, megabytes, setup_logging
 from pipeline.config import PipelineConfig, config_from_json
 from pipeline.export import int8
-from pipeline.export.full_size import (ARCHITECTURES, PARITY_WINDOWS, export_coreml_packages, random_windows,
-                                       save_full_size, torch_logits)
+from pipeline.export.full_size import (ARCHITECTURES, PARITY_WINDOWS, build_int8_recipes, export_coreml_packages,
+                                       random_windows, save_full_size, torch_logits)
 from pipeline.export.onnx_graph import MODEL_FILE, check_fusions, export_fp32, max_logit_difference, optimize_graph
 from pipeline.gates import enforce_if_strict, logit_parity_report
 
@@ -60,13 +60,10 @@ def run(cfg: PipelineConfig, architecture: str, out_dir: Path) -> dict:
         qcfg = cfg.export.quantize
         int4_block_size = qcfg.int4_block_size if with_device_formats else None
         recipes = int8.int8_recipes(qcfg, settings)
-        if not with_device_formats:  # bert-base: the benchmark quantizes it with the recipe the search chose
+        if not with_device_formats:  # bert-base: rule export_full_size_int8 builds the recipe the search chose
             recipes = {int8.NAIVE: recipes[int8.NAIVE]}
-        # Random weights make calibrated scales meaningless beyond their graph shape: a few windows do (static
-        # calibration runs the full-size fp32 graph once per window).
-        calibration = random_windows(model_config["vocab_size"], cfg.seed + 1)
-        quantized = int8.build_variants(onnx_dir, onnx_dir, settings, recipes, calibration, PARITY_WINDOWS,
-                                        int4_block_size, int4_embeddings=True, graphs_dir=onnx_dir)
+        quantized = build_int8_recipes(onnx_dir, onnx_dir, recipes, cfg, model_config["vocab_size"],
+                                       graphs_dir=onnx_dir, int4_block_size=int4_block_size)
 
         packages = export_coreml_packages(pytorch_dir, tmp / "coreml", cfg, out_dir) if with_device_formats else {}
         onnx_sizes = {variant: megabytes(directory_size_bytes(onnx_dir / variant / MODEL_FILE))

@@ -18,8 +18,9 @@ misses a gate is recorded as rejected and not bundled (the bundle rule stops whe
 The bundle takes, among the int8 variants that passed, those not significantly less accurate than the most
 accurate one (paired bootstrap of their F1 difference), and of these the fastest, timed here on the building
 machine (batch 1, max_seq_length tokens, 1 thread; quantize.json keeps the runner-up and every timing): which one
-wins depends on the CPU. The full-size search that the speed goals are about runs in the benchmark rule, on the full-size
-DistilBERT, over the recipes that passed on every trained model.
+wins depends on the CPU. The recipes, their builder, the timer (pipeline.latency) and the ranking by latency are
+the ones of the full-size search that the speed goals are about (rule int8_search, on the full-size DistilBERT,
+over the recipes that passed on every trained model).
 """
 
 from __future__ import annotations

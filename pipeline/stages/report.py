@@ -41,7 +41,7 @@ def parameter_count(model_dir: Path) -> int:
     return total
 
 
-OPTIMIZED_INT8 = "distilbert/onnx-int8-optimized"  # the search's fastest gate-passing recipe (rule benchmark)
+OPTIMIZED_INT8 = "distilbert/onnx-int8-optimized"  # the search's fastest gate-passing recipe (rule int8_search)
 
 
 def p50(artifacts: dict, name: str, length: int, threads: int) -> float | None:

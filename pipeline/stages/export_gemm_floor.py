@@ -1,0 +1,45 @@
+"""Stage export_gemm_floor: the GEMM floor graph of the full-size DistilBERT (pipeline.export.gemm_floor).
+
+An ONNX graph of just the MatMulInteger nodes of export_full_size's naive int8 graph (same weights and shapes),
+fed batch-1 activations of the longest benchmarked length: model.onnx and gemm_floor.json (the length and
+the node count). The benchmark times it like the model; model latency / floor says how close the model runs to
+this machine's int8 matrix-multiply speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from pipeline.artifacts import atomic_output_dir, atomic_write_json, setup_logging
+from pipeline.config import PipelineConfig, config_from_json
+from pipeline.export.gemm_floor import gemm_floor_graph
+from pipeline.export.int8 import NAIVE
+from pipeline.export.onnx_graph import MODEL_FILE
+
+logger = logging.getLogger(__name__)
+
+
+def run(cfg: PipelineConfig, full_size_dir: Path, sequence_length: int, out_dir: Path) -> dict:
+    source = full_size_dir / "onnx" / NAIVE / MODEL_FILE
+    with atomic_output_dir(out_dir, cfg) as tmp:
+        n_matmuls = gemm_floor_graph(source, sequence_length, tmp / MODEL_FILE)
+        metrics = {"source": str(source), "path": MODEL_FILE, "sequence_length": sequence_length,
+                   "n_matmul_integer": n_matmuls}
+        atomic_write_json(tmp / "gemm_floor.json", metrics)
+    logger.info("GEMM floor of %s: %d MatMulInteger nodes at %d tokens", source, n_matmuls, sequence_length)
+    return metrics
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline export-gemm-floor", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config-json", required=True)
+    parser.add_argument("--full-size-dir", required=True, type=Path, help="export_full_size's distilbert folder")
+    parser.add_argument("--sequence-length", required=True, type=int, help="tokens of the activations it is fed")
+    parser.add_argument("--out-dir", required=True, type=Path)
+    args = parser.parse_args(argv)
+    setup_logging()
+    run(config_from_json(args.config_json), args.full_size_dir, args.sequence_length, args.out_dir)
+    return 0

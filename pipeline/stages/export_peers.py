@@ -1,0 +1,65 @@
+"""Stage export_peers: the int8 paths a user would otherwise pick, for one full-size architecture, built so the
+benchmark can time them beside our int8 graph (pipeline.export.peers).
+
+  onnx-ortquantizer-int8  optimum's ORTQuantizer with the AutoQuantizationConfig preset for this CPU, dynamic, on
+                          export_full_size's plain fp32 export: <peer>/model_quantized.onnx
+  torch-dynamic-int8      torch.ao dynamic int8 of every Linear layer; it quantizes at load time, on the engine set
+                          then, so what is built here is its size on every quantized engine (the benchmark times
+                          each engine and keeps the fastest)
+Only the peers named (benchmark.timed_full_size) are built. peers.json records each built peer (path, precision,
+tool, settings or sizes) and, by name, why one could not be built on this machine (a CPU with no ORTQuantizer
+preset): the benchmark still runs without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from pipeline.artifacts import atomic_output_dir, atomic_write_json, cpu_description, read_json, setup_logging
+from pipeline.config import ConfigError, PipelineConfig, config_from_json
+from pipeline.export import peers
+
+logger = logging.getLogger(__name__)
+
+def run(cfg: PipelineConfig, full_size_dir: Path, peer_names: list[str], out_dir: Path) -> dict:
+    unknown = sorted(set(peer_names) - {peers.TORCH_PEER, peers.ORT_PEER})
+    if unknown:
+        raise ConfigError(f"--peers: unknown peers {unknown} (known: {peers.TORCH_PEER}, {peers.ORT_PEER})")
+    architecture = read_json(full_size_dir / "full_size.json")["architecture"]
+    built, skipped = {}, {}
+    with atomic_output_dir(out_dir, cfg) as tmp:
+        if peers.TORCH_PEER in peer_names:
+            logger.info("sizing %s/%s on every quantized engine", architecture, peers.TORCH_PEER)
+            built[peers.TORCH_PEER] = {"size_mb_by_engine": peers.torch_peer_megabytes(full_size_dir / "pytorch")}
+        if peers.ORT_PEER in peer_names:
+            try:
+                preset = peers.ort_preset(cpu_description()["simd_flags"])
+            except ValueError as error:  # a CPU optimum has no preset for: the rest of the benchmark still runs
+                skipped[f"{architecture}/{peers.ORT_PEER}"] = str(error)
+                logger.warning("not built: %s/%s: %s", architecture, peers.ORT_PEER, error)
+            else:
+                logger.info("building %s/%s with the %s preset", architecture, peers.ORT_PEER, preset)
+                path, settings = peers.build_ortquantizer_int8(full_size_dir / "onnx" / "fp32", tmp / peers.ORT_PEER,
+                                                               preset)
+                built[peers.ORT_PEER] = {
+                    "path": str(path.relative_to(tmp)), "precision": f"int8-ortquantizer-{preset}",
+                    "quantization": settings,
+                    "tool": f"optimum ORTQuantizer, AutoQuantizationConfig.{preset}(is_static=False)"}
+        metrics = {"architecture": architecture, "peers": built, "skipped": skipped}
+        atomic_write_json(tmp / "peers.json", metrics)
+    return metrics
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline export-peers", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config-json", required=True)
+    parser.add_argument("--full-size-dir", required=True, type=Path, help="output of export_full_size")
+    parser.add_argument("--peers", required=True, nargs="+", help="the peers to build")
+    parser.add_argument("--out-dir", required=True, type=Path)
+    args = parser.parse_args(argv)
+    setup_logging()
+    run(config_from_json(args.config_json), args.full_size_dir, args.peers, args.out_dir)
+    return 0

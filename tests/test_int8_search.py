@@ -1,0 +1,76 @@
+"""Stage int8_search: the full-size int8 search, on a small stand-in of the full-size DistilBERT's folder."""
+
+import json
+import shutil
+
+import pytest
+
+from pipeline.artifacts import EXPORTED_MODELS
+from pipeline.export import int8, onnx_graph
+from pipeline.gates import GateError
+from pipeline.stages import int8_search
+from tests.stage_fixtures import tiny_config
+
+RECIPES = {"int8": int8.Int8Recipe("plain", "qoperator", False, False),
+           "int8-plain-qoperator-tensor-att8": int8.Int8Recipe("plain", "qoperator", False, True),
+           "int8-plain-qoperator-channel-attfp32": int8.Int8Recipe("plain", "qoperator", True, False)}
+
+
+@pytest.fixture(scope="module")
+def searched_root(tmp_path_factory):
+    """full_size/distilbert as export_full_size writes it (three int8 recipes of a tiny DistilBERT), and each
+    trained model's quantize.json: the per-channel recipe failed its gates on the teacher."""
+    from transformers import DistilBertConfig, DistilBertForQuestionAnswering
+
+    root = tmp_path_factory.mktemp("search")
+    folder = root / "full_size" / "distilbert"
+    model = DistilBertForQuestionAnswering(DistilBertConfig(vocab_size=200, dim=32, n_layers=2, n_heads=2,
+                                                            hidden_dim=64, max_position_embeddings=128))
+    model.save_pretrained(folder / "pytorch")
+    onnx_graph.export_fp32(folder / "pytorch", folder / "onnx" / "fp32", None)
+    for name, recipe in RECIPES.items():
+        (folder / "onnx" / name).mkdir(parents=True)
+        int8.quantize_int8(folder / "onnx" / "fp32" / "model.onnx", folder / "onnx" / name / "model.onnx", recipe,
+                           False)
+    (folder / "full_size.json").write_text(json.dumps({"int8_recipes": {n: r.__dict__ for n, r in RECIPES.items()}}))
+    for model_name in EXPORTED_MODELS:
+        passed = {"int8": True, "int8-plain-qoperator-tensor-att8": True,
+                  "int8-plain-qoperator-channel-attfp32": model_name != "teacher"}
+        (root / "quantized" / model_name).mkdir(parents=True)
+        (root / "quantized" / model_name / "quantize.json").write_text(
+            json.dumps({"variants": {name: {"passed": ok} for name, ok in passed.items()}}))
+    return root
+
+
+def search_config():
+    return tiny_config(benchmark={"sequence_lengths": [32], "search_runs": 3, "warmup": 1,
+                                  "session_options": ["default", "denormals-as-zero"]})
+
+
+def test_the_search_times_only_recipes_that_passed_on_every_model_and_writes_its_choice(searched_root, tmp_path):
+    """A recipe that failed its gates on any trained model is never a candidate; the choice is the fastest
+    (recipe, session options) pair of the second round, the runner-up another recipe; choice.json holds the chosen
+    recipe alone, what the builds that apply it read."""
+    search = int8_search.run(search_config(), searched_root, tmp_path / "int8_search")
+    assert set(search["candidates"]) == {"int8", "int8-plain-qoperator-tensor-att8"}
+    assert search["rejected_by_gates"] == {"int8-plain-qoperator-channel-attfp32": {
+        "student": True, "student_ce_only": True, "teacher": False}}
+    assert len(search["session_options"]) == 4  # two finalists x two option sets
+    fastest = min(search["session_options"].values(), key=lambda e: e["latency_ms"]["p50"])
+    assert (search["choice"]["recipe"], search["choice"]["session_options"]) == (fastest["recipe"],
+                                                                               fastest["session_options"])
+    assert search["runner_up"]["recipe"] != search["choice"]["recipe"]
+    assert json.loads((tmp_path / "int8_search" / "int8_search.json").read_text()) == search
+    choice = json.loads((tmp_path / "int8_search" / "choice.json").read_text())
+    assert choice == {"recipe": search["choice"]["recipe"], "int8_recipe": RECIPES[choice["recipe"]].__dict__}
+
+
+def test_with_no_recipe_passing_anywhere_the_search_stops_naming_the_verdicts(searched_root, tmp_path):
+    root = tmp_path / "root"
+    shutil.copytree(searched_root, root)
+    for model_name in EXPORTED_MODELS:
+        path = root / "quantized" / model_name / "quantize.json"
+        path.write_text(json.dumps({"variants": {name: {"passed": False} for name in RECIPES}}))
+    with pytest.raises(GateError, match="no int8 recipe of the full-size build passed its gates"):
+        int8_search.run(search_config(), root, tmp_path / "int8_search")
+    assert not (tmp_path / "int8_search" / "choice.json").exists()

@@ -1,0 +1,40 @@
+"""pipeline/latency.py, the one timer: calls taken in turn, percentiles, and the ranking every latency-based choice
+uses. Timings are never asserted on (speed goes in benchmarks); what is checked is who runs when, and the shapes."""
+
+from pipeline.latency import compare_latency, fastest_first, time_calls, time_in_turn
+
+
+def test_callables_are_timed_in_turn_after_untimed_rounds():
+    calls = []
+    timings = time_in_turn({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, runs=3, warmup=2)
+    assert calls == ["a", "b"] * 5  # 2 warm-up rounds, then 3 timed ones, each round a then b
+    assert set(timings) == {"a", "b"}
+    assert all(0 <= cell["p50"] <= cell["p90"] and set(cell) == {"p50", "p90"} for cell in timings.values())
+
+
+def test_one_callable_is_timed_alone():
+    calls = []
+    cell = time_calls(lambda: calls.append(1), runs=4, warmup=1)
+    assert len(calls) == 5 and 0 <= cell["p50"] <= cell["p90"]
+
+
+def test_the_ranking_is_by_median_and_keeps_the_order_of_equal_ones():
+    timings = {"slow": {"p50": 3.0, "p90": 3.1}, "tie-first": {"p50": 1.0, "p90": 9.0},
+               "tie-second": {"p50": 1.0, "p90": 1.0}, "middle": {"p50": 2.0, "p90": 2.0}}
+    assert fastest_first(timings) == ["tie-first", "tie-second", "middle", "slow"]
+    assert fastest_first({}) == []
+
+
+def test_onnx_graphs_are_compared_on_batch_1_feeds_with_their_run_count(tmp_path):
+    from transformers import DistilBertConfig, DistilBertForQuestionAnswering
+
+    from pipeline.export import onnx_graph
+
+    DistilBertForQuestionAnswering(DistilBertConfig(vocab_size=100, dim=16, n_layers=1, n_heads=2, hidden_dim=32,
+                                                    max_position_embeddings=64)).save_pretrained(tmp_path / "pytorch")
+    onnx_graph.export_fp32(tmp_path / "pytorch", tmp_path / "fp32", None)
+    graph = tmp_path / "fp32" / "model.onnx"
+    timings = compare_latency({"default": graph, "denormals": graph}, 16, 100, runs=3, warmup=1,
+                              option_sets={"denormals": "denormals-as-zero"})
+    assert list(timings) == ["default", "denormals"]
+    assert all(cell["runs"] == 3 and 0 < cell["p50"] <= cell["p90"] for cell in timings.values())
