@@ -1,10 +1,11 @@
 """Deploy an existing question-answering model as it is (deploy.model): where its build goes, and whether the
 exporters can take it.
 
-What the export path is built and tested for: BERT and DistilBERT encoders with a question-answering head and a
-WordPiece tokenizer. onnxruntime's BERT fusions (export_onnx checks one Attention per layer), the int8 recipes, the
-CoreML wrapper, and the bundle's torch-free and JavaScript tokenizers (WordPiece) all assume them, so any other
-model is refused here, with the reason, before a job runs on it.
+What the export path is built and tested for (pipeline/export/model_types.py): BERT, DistilBERT, ELECTRA and
+MobileBERT encoders with a question-answering head and a WordPiece tokenizer. The fusion checks of export_onnx
+(what onnxruntime's optimizer fuses in each type's graph), the CoreML wrapper (each type's embeddings and encoder),
+and the bundle's torch-free and JavaScript tokenizers (WordPiece) are written for these, so any other model is
+refused here, with the reason, before a job runs on it.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from pathlib import Path
 from pipeline.config import PipelineConfig
 from pipeline.data_sources import names_a_local_path
 from pipeline.errors import PipelineError
+from pipeline.export.model_types import EXPORTABLE, OTHER_TOKENIZERS, supported_types
 
-SUPPORTED_MODEL_TYPES = ("bert", "distilbert")
-QA_HEAD = "qa_outputs"  # the span head of BertForQuestionAnswering and DistilBertForQuestionAnswering
+SUPPORTED_MODEL_TYPES = tuple(EXPORTABLE)
+QA_HEAD = "qa_outputs"  # the span head of every supported type's ...ForQuestionAnswering
 
 
 class DeployError(PipelineError, ValueError):
@@ -39,11 +41,16 @@ def deploy_root(cfg: PipelineConfig) -> str:
 
 
 def check_model_type(model_type: str | None, source: str) -> None:
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise DeployError(
-            f"deploy.model {source}: model_type {model_type!r} is not one the exporters take "
-            f"({', '.join(SUPPORTED_MODEL_TYPES)}): onnxruntime's BERT fusions, the int8 recipes, the CoreML wrapper "
-            "and the bundle's WordPiece tokenizers are built and tested for these encoders only")
+    """A supported model type, or DeployError naming the model, its type, the types taken and what this one lacks."""
+    if model_type in SUPPORTED_MODEL_TYPES:
+        return
+    tokenizer = (f"; its tokenizer is {OTHER_TOKENIZERS[model_type]}, and the bundle's Python and JavaScript "
+                 "answerers implement WordPiece only" if model_type in OTHER_TOKENIZERS else "")
+    raise DeployError(
+        f"deploy.model {source}: model_type {model_type!r} is not one the exporters take; they take "
+        f"{supported_types()}. For {model_type!r} there is no export path built and tested: no expected onnxruntime "
+        f"fusions for export_onnx to check, no CoreML wrapper of its embeddings and encoder{tokenizer} "
+        "(pipeline/export/model_types.py lists what each type needs)")
 
 
 def check_positions(max_positions: int | None, cfg: PipelineConfig, source: str) -> None:

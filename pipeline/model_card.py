@@ -16,6 +16,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from pipeline.artifacts import atomic_write_text, config_sha256, cpu_description, library_versions, read_json
 from pipeline.config import PipelineConfig
 from pipeline.data_sources import names_a_local_path
+from pipeline.export.model_types import display_name
 
 LICENSE = "apache-2.0"  # the project's license (pyproject.toml); the data's own licenses are named in the body
 CARD_FILE = "README.md"
@@ -247,8 +248,9 @@ def deployed_model_card(cfg: PipelineConfig, metrics: dict, data_dir: Path, fold
         cfg, title="Question-answering model, deployed as it is", task="question-answering",
         dataset=squad_dataset(data_dir), base_model=base_model_of(source), license=None,
         trained_on=Dataset(None, "unknown", f"its own training data (see {source}; not trained here)", "train"),
-        summary=f"{metrics['model_type']} question-answering model from {source}{revision}, taken as it is "
-                "(deploy.model) and evaluated here; not trained by this pipeline.",
+        tags=(metrics["model_type"],),
+        summary=f"{display_name(metrics['model_type'])} question-answering model ({metrics['architecture']}) from "
+                f"{source}{revision}, taken as it is (deploy.model) and evaluated here; not trained by this pipeline.",
         scores=squad_scores(metrics),
         where_measured=f"deploy_model, PyTorch, every dev question ({metrics['n_examples']}), SQuAD v1.1 metric",
         usage=qa_usage(folder), build={"evaluated on": metrics["evaluated_on"]})
@@ -263,5 +265,5 @@ def bundle_card(cfg: PipelineConfig, metrics: dict, app_readme: str, model_dir: 
         summary="", body=app_readme, scores=squad_scores(metrics),
         where_measured=(f"bundle, {metrics['onnx_variant']} ONNX through the torch-free answerer "
                         f"(pipeline/onnx_qa.py), the first {metrics['n_questions']} dev questions"),
-        build={"exported from": str(model_dir),
+        build={"exported from": f"{model_dir} ({display_name(read_json(model_dir / 'config.json')['model_type'])})",
                "int8 variant": f"{metrics['onnx_variant']} ({metrics['onnx_decided_by']})"})

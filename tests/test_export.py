@@ -74,7 +74,7 @@ def test_fused_op_counts_are_recorded_and_checked_per_layer(built):
         assert fused["Attention"] == n_layers and fused["SkipLayerNormalization"] == 2 * n_layers
         assert fused["EmbedLayerNormalization"] == 1
     with pytest.raises(GateError, match="Attention/MultiHeadAttention 1, expected 2"):
-        onnx_graph.check_fusions({**fused, "Attention": 1}, 2, "somewhere")
+        onnx_graph.check_fusions({**fused, "Attention": 1}, "bert", 2, "somewhere")
 
 
 def test_a_missed_parity_gate_is_recorded_and_stops_the_stage_only_when_strict(built, tmp_path):

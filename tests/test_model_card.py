@@ -63,6 +63,7 @@ def test_the_bundle_card_keeps_the_app_readme_and_names_what_it_was_exported_fro
     metrics = {"exact_match": 80.0, "f1": 87.0, "n_questions": 100, "onnx_variant": "int8",
                "onnx_decided_by": "latency"}
     student = model_folder(tmp_path, "distill_squad", base_model="distilbert-base-uncased")
+    (student / "config.json").write_text('{"model_type": "distilbert"}')
     card = ModelCard(str(model_card.bundle_card(tiny_config(), metrics, "# Question-answering bundle\n\nFiles.\n",
                                                 student, data_dir(tmp_path))))
     assert card.text.lstrip().startswith("# Question-answering bundle") and scores(card) == {"exact_match": 80.0,
@@ -70,6 +71,7 @@ def test_the_bundle_card_keeps_the_app_readme_and_names_what_it_was_exported_fro
     assert card.data.base_model == "distilbert-base-uncased" and card.data.library_name == "onnx"
     assert {result.dataset_split for result in card.data.eval_results} == {"validation[:100]"}
     assert {"onnx", "coreml", "int8"} <= set(card.data.tags)
+    assert f"- exported from: {student} (DistilBERT)" in card.text
 
 
 def test_an_evaluated_only_teacher_claims_no_license_and_no_training(tmp_path):

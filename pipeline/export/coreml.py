@@ -13,6 +13,7 @@ import torch
 from pipeline import squad
 from pipeline.artifacts import directory_size_bytes
 from pipeline.config import ConfigError, CoreMLConfig, PipelineConfig
+from pipeline.export.model_types import model_type_of
 from pipeline.gates import GateError
 
 # Added to masked attention scores. torch.finfo(float32).min overflows to -inf in float16 and can turn a softmax
@@ -25,39 +26,48 @@ COMPRESSED_WEIGHT_OPS = {"int8": ("constexpr_blockwise_shift_scale", "constexpr_
 
 
 class CoreMLQuestionAnswering(torch.nn.Module):
-    """A DistilBERT or BERT QA model with the inputs a CoreML package takes and an explicit, fp16-safe mask."""
+    """A QA model of an exportable type (pipeline/export/model_types.py: BERT, DistilBERT, ELECTRA, MobileBERT)
+    with the inputs a CoreML package takes and an explicit, fp16-safe mask."""
 
     def __init__(self, model: torch.nn.Module, pad_token_id: int, sep_token_id: int, mask_input: bool):
         super().__init__()
         self.model, self.mask_input = model, mask_input
         self.pad_token_id, self.sep_token_id = pad_token_id, sep_token_id
-        self.is_distilbert = hasattr(model, "distilbert")
+        self.model_type = model.config.model_type
+        self.token_types = model_type_of(self.model_type, type(model).__name__).token_types
+        self.n_layers = model.config.num_hidden_layers
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None):
         if not self.mask_input:
             attention_mask = (input_ids != self.pad_token_id).to(torch.int32)
-        if self.is_distilbert:
-            hidden = self.model.distilbert.embeddings(input_ids)
-        else:
+        encoder_model = getattr(self.model, self.model.base_model_prefix)  # .bert, .distilbert, .electra, .mobilebert
+        if self.token_types:
             is_sep = (input_ids == self.sep_token_id).to(torch.int32)
             token_type_ids = ((torch.cumsum(is_sep, dim=1) - is_sep) > 0).to(torch.int32)  # after the first [SEP]
-            hidden = self.model.bert.embeddings(input_ids=input_ids, token_type_ids=token_type_ids)
-        additive_mask = (1.0 - attention_mask[:, None, None, :].to(hidden.dtype)) * MASKED_SCORE
-        if self.is_distilbert:
-            n_layers = self.model.config.n_layers
-            hidden = self.model.distilbert.transformer(x=hidden, attn_mask=additive_mask, head_mask=[None] * n_layers,
-                                                       return_dict=False)[0]
+            hidden = encoder_model.embeddings(input_ids=input_ids, token_type_ids=token_type_ids)
         else:
-            hidden = self.model.bert.encoder(hidden, attention_mask=additive_mask, return_dict=False)[0]
+            hidden = encoder_model.embeddings(input_ids)
+        if hasattr(encoder_model, "embeddings_project"):  # ELECTRA with embeddings narrower than its layers
+            hidden = encoder_model.embeddings_project(hidden)
+        additive_mask = (1.0 - attention_mask[:, None, None, :].to(hidden.dtype)) * MASKED_SCORE
+        if self.model_type == "distilbert":
+            hidden = encoder_model.transformer(x=hidden, attn_mask=additive_mask, head_mask=[None] * self.n_layers,
+                                               return_dict=False)[0]
+        else:  # MobileBERT's encoder indexes head_mask by layer; the others take the list too
+            hidden = encoder_model.encoder(hidden, attention_mask=additive_mask, head_mask=[None] * self.n_layers,
+                                           return_dict=False)[0]
         start_logits, end_logits = self.model.qa_outputs(hidden).split(1, dim=-1)
         return start_logits.squeeze(-1), end_logits.squeeze(-1)
 
 
 def load_wrapped(model_dir: Path, mask_input: bool) -> CoreMLQuestionAnswering:
-    from transformers import AutoModelForQuestionAnswering, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForQuestionAnswering, AutoTokenizer
 
-    # sdpa attention takes the additive float mask as it is (the eager DistilBERT path would rebuild it).
-    model = AutoModelForQuestionAnswering.from_pretrained(model_dir, attn_implementation="sdpa").eval()
+    # sdpa attention takes the additive float mask as it is (the eager DistilBERT path would rebuild it); ELECTRA
+    # and MobileBERT have only the eager attention, which adds the mask as it is.
+    model_type = model_type_of(AutoConfig.from_pretrained(model_dir).model_type, f"{model_dir}/config.json")
+    model = AutoModelForQuestionAnswering.from_pretrained(
+        model_dir, attn_implementation="sdpa" if model_type.sdpa else "eager").eval()
     if (model_dir / "tokenizer.json").is_file():
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         pad_token_id, sep_token_id = tokenizer.pad_token_id, tokenizer.sep_token_id

@@ -1,4 +1,5 @@
-"""ONNX graphs of a QA model: optimum's fp32 export, onnxruntime's BERT fusions and their checks, logit parity.
+"""ONNX graphs of a QA model: optimum's fp32 export, onnxruntime's BERT fusions and their checks per model type
+(pipeline/export/model_types.py), logit parity.
 
 Used by the export_onnx stage (trained models) and export_full_size (the full-size architectures).
 """
@@ -11,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline import onnx_qa
+from pipeline.export.model_types import model_type_of
 from pipeline.gates import GateError
 
 FUSED_OPS = ("Attention", "MultiHeadAttention", "SkipLayerNormalization", "EmbedLayerNormalization", "BiasGelu",
@@ -39,9 +41,12 @@ def optimize_graph(fp32_dir: Path, out_dir: Path, fuse_attention: bool = True) -
     config = AutoConfig.from_pretrained(fp32_dir)
     options = FusionOptions("bert")
     options.enable_attention = fuse_attention
-    # model_type "bert" covers DistilBERT too: its fusions match both exported graphs.
+    # model_type "bert" for every exportable type (onnxruntime has no DistilBERT, ELECTRA or MobileBERT type; what
+    # its BERT fusions find in each is in pipeline/export/model_types.py). MobileBERT's attention is narrower than
+    # its hidden states (true_hidden_size, the bottleneck width).
+    attention_width = getattr(config, "true_hidden_size", config.hidden_size)
     optimized = optimize_model(str(fp32_dir / MODEL_FILE), model_type="bert", num_heads=config.num_attention_heads,
-                               hidden_size=config.hidden_size, optimization_options=options)
+                               hidden_size=attention_width, optimization_options=options)
     out_dir.mkdir(parents=True, exist_ok=True)
     optimized.save_model_to_file(str(out_dir / MODEL_FILE))
     for path in fp32_dir.iterdir():  # config and tokenizer, so the folder loads like the fp32 one
@@ -51,15 +56,22 @@ def optimize_graph(fp32_dir: Path, out_dir: Path, fuse_attention: bool = True) -
     return {op: int(statistics.get(op, 0)) for op in FUSED_OPS}
 
 
-def check_fusions(fused_ops: dict[str, int], n_layers: int, where: str) -> None:
-    """One attention per layer and a skip-LayerNorm after each sublayer, or the optimizer missed the pattern."""
+def check_fusions(fused_ops: dict[str, int], model_type: str, n_layers: int, where: str) -> None:
+    """The fusions the optimizer makes in this model type's graph (pipeline/export/model_types.py: for BERT,
+    DistilBERT and ELECTRA one attention per layer and a skip-LayerNorm after each sublayer; for MobileBERT no
+    attention), or the graph's pattern changed and the optimizer missed it (or found one it did not before)."""
+    expected = model_type_of(model_type, where)
     attention = fused_ops["Attention"] + fused_ops["MultiHeadAttention"]
     problems = []
-    if attention != n_layers:
-        problems.append(f"Attention/MultiHeadAttention {attention}, expected {n_layers} (one per layer)")
-    if fused_ops["SkipLayerNormalization"] != 2 * n_layers:
-        problems.append(f"SkipLayerNormalization {fused_ops['SkipLayerNormalization']}, expected {2 * n_layers} "
-                        "(after attention and after the feed-forward block of each layer)")
+    if attention != expected.attention_fusions_per_layer * n_layers:
+        problems.append(f"Attention/MultiHeadAttention {attention}, expected "
+                        f"{expected.attention_fusions_per_layer * n_layers} ({expected.attention_fusions_per_layer} "
+                        f"per layer in {expected.name})")
+    if (expected.skip_layer_norms_per_layer is not None
+            and fused_ops["SkipLayerNormalization"] != expected.skip_layer_norms_per_layer * n_layers):
+        problems.append(f"SkipLayerNormalization {fused_ops['SkipLayerNormalization']}, expected "
+                        f"{expected.skip_layer_norms_per_layer * n_layers} ({expected.skip_layer_norms_per_layer} "
+                        f"per layer in {expected.name})")
     if problems:
         raise GateError(f"{where}: the transformer optimizer did not fuse the graph as expected: "
                         + "; ".join(problems) + f" (all counts: {fused_ops})")

@@ -127,6 +127,14 @@ def worked_example(answerer: onnx_qa.QuestionAnswerer, example: dict) -> dict:
     }
 
 
+def token_types_step(config: dict) -> str:
+    """The pre-processing line for token_type_ids, where the ONNX graph takes them (BERT, ELECTRA, MobileBERT)."""
+    if "token_type_ids" not in [i["name"] for i in config["onnx"]["inputs"]]:
+        return ""
+    return ("\n   `token_type_ids` = 0 on [CLS], the question and its [SEP], 1 on the context and the last [SEP], 0 on "
+            "padding\n   (the CoreML packages derive them inside).")
+
+
 def app_readme(config: dict, metrics: dict, example: dict) -> str:
     onnx_inputs = ", ".join(f"`{i['name']}` ({i['dtype']}, {i['shape']})" for i in config["onnx"]["inputs"])
     coreml_inputs = ", ".join(f"`{i['name']}`" for i in config["coreml"]["inputs"]) or "(no CoreML variant built)"
@@ -160,7 +168,7 @@ Dev set of this build ({metrics['n_questions']} questions): exact match {metrics
    each window holds the whole question and as much context as fits; consecutive windows share
    `doc_stride` = {config['doc_stride']} context tokens.
 3. Keep each context token's character offsets [start, end) in the original context.
-4. `attention_mask` = 1 on real tokens, pad `input_ids` with the [PAD] id ({config['tokenizer']['special_tokens']['pad']['id']}).
+4. `attention_mask` = 1 on real tokens, pad `input_ids` with the [PAD] id ({config['tokenizer']['special_tokens']['pad']['id']}).{token_types_step(config)}
 
 ## Post-processing
 5. In each window take the {config['n_best_size']} highest start and the {config['n_best_size']} highest end logits among

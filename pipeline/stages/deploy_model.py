@@ -36,7 +36,7 @@ def run(cfg: PipelineConfig, data_dir: Path, out_dir: Path) -> dict:
     dev, _ = load_squad(str(data_dir / "dev.jsonl"))
     dev_metrics, predictions = qa.evaluate_qa(model.to(device), tokenizer, dev, cfg.squad, device)
     metrics = {**dev_metrics, "source": source, "revision": cfg.deploy.revision, "model_type": model.config.model_type,
-               "n_parameters": model.num_parameters(), "fine_tuned_here": False, "evaluated_on": str(device)}
+               "architecture": type(model).__name__, "n_parameters": model.num_parameters(), "fine_tuned_here": False, "evaluated_on": str(device)}
     with atomic_output_dir(out_dir, cfg) as tmp:
         model.cpu().save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)

@@ -45,7 +45,7 @@ def run(cfg: PipelineConfig, architecture: str, out_dir: Path) -> dict:
         onnx_dir = tmp / "onnx"
         export_fp32(pytorch_dir, onnx_dir / "fp32", cfg.export.opset)
         fused_ops = optimize_graph(onnx_dir / "fp32", onnx_dir / "optimized")
-        check_fusions(fused_ops, n_layers, f"{out_dir}/onnx/optimized")
+        check_fusions(fused_ops, model_config["model_type"], n_layers, f"{out_dir}/onnx/optimized")
 
         windows = random_windows(model_config["vocab_size"], cfg.seed)
         torch_start, torch_end = torch_logits(pytorch_dir, windows)

@@ -1,17 +1,19 @@
 """Stage export_onnx: a trained QA model -> ONNX (fp32, optimum) and its fused graph (onnxruntime's optimizer).
 
 Outputs, under the model's folder:
-  fp32/       optimum's export (input_ids, attention_mask [+ token_type_ids for BERT], dynamic batch and sequence
-              axes; start_logits, end_logits) with config and tokenizer: loads in ORTModelForQuestionAnswering.
+  fp32/       optimum's export (input_ids, attention_mask [+ token_type_ids for BERT, ELECTRA and MobileBERT],
+              dynamic batch and sequence axes; start_logits, end_logits) with config and tokenizer: loads in
+              ORTModelForQuestionAnswering.
   optimized/  the same graph after onnxruntime.transformers' BERT fusions (Attention, SkipLayerNormalization,
-              EmbedLayerNormalization, BiasGelu), same layout.
+              EmbedLayerNormalization, BiasGelu; none match a MobileBERT graph with NoNorm), same layout.
   export.json fused-op counts, sizes, dev scores of both graphs through the torch-free answerer.
   parity.json largest |logit difference| against PyTorch on every dev window.
 Gates (export.gates): both graphs within max_abs_logit_diff of PyTorch, and, answered by the torch-free answerer
 (pipeline/onnx_qa.py), giving PyTorch's answer on min_pytorch_agreement of dev questions; verdicts are recorded
 (a miss stops the rule only with export.gates.strict: the shipped graphs are gated on their own). Fusions fail
-silently when the exported graph's pattern changes, so the rule fails unless there is one Attention per layer and
-one SkipLayerNormalization per sublayer (two per layer).
+silently when the exported graph's pattern changes, so the rule fails unless the graph has the fusions its model
+type has (pipeline/export/model_types.py: one Attention per layer and one SkipLayerNormalization per sublayer in
+BERT, DistilBERT and ELECTRA; no Attention in MobileBERT).
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ def run(cfg: PipelineConfig, model_dir: Path, data_dir: Path, out_dir: Path) -> 
     with atomic_output_dir(out_dir, cfg) as tmp:
         export_fp32(model_dir, tmp / "fp32", cfg.export.opset)
         fused_ops = optimize_graph(tmp / "fp32", tmp / "optimized")
-        check_fusions(fused_ops, n_layers, f"{out_dir}/optimized")
+        check_fusions(fused_ops, model.config.model_type, n_layers, f"{out_dir}/optimized")
         parity = [
             logit_parity_report(variant, max_logit_difference(tmp / variant / MODEL_FILE, windows, torch_start,
                                                               torch_end, cfg.squad.eval_batch_size),

@@ -2,7 +2,8 @@
 file.
 
 Runs `node scripts/parity.mjs` on each backend, then compares with the Python answerer on the same questions:
-  * token ids and context offsets of every window of every question (must be identical),
+  * token ids, token types and context offsets of every window of every question (must be identical; the token
+    types are what BERT, ELECTRA and MobileBERT graphs take as token_type_ids),
   * answer text per question (share of questions with the same text as `python -m pipeline answer --json`),
   * the answer's span: the client's code-point offsets (startCodePoint/endCodePoint) against the Python
     answerer's start/end (Python str indices), and its UTF-16 offsets (start/end, JavaScript string indices)
@@ -55,7 +56,8 @@ def run_javascript(bundle: Path, questions: Path, backend: str, tokenizer: str =
 
 
 def compare_windows(python_windows: onnx_qa.Windows, js_windows: list[dict]) -> dict:
-    """Windows whose ids or context offsets differ, with the first difference of each (at most 5 listed)."""
+    """Windows whose ids, token types or context offsets differ, with the first difference of each (at most 5
+    listed)."""
     differences = []
     if len(js_windows) != len(python_windows):
         differences.append(f"{len(js_windows)} JavaScript windows, {len(python_windows)} Python windows")
@@ -67,6 +69,8 @@ def compare_windows(python_windows: onnx_qa.Windows, js_windows: list[dict]) -> 
             differences.append(f"window {index}: question {js['example_id']!r}, expected {python_windows.example_ids[index]!r}")
         elif js["input_ids"] != ids:
             differences.append(f"window {index} ({js['example_id']}): token ids differ")
+        elif js["token_type_ids"] != python_windows.token_type_ids[index, :length].tolist():
+            differences.append(f"window {index} ({js['example_id']}): token types differ")
         elif js["context_offsets"] != offsets:
             differences.append(f"window {index} ({js['example_id']}): context offsets differ")
     return {"windows": len(python_windows), "windows_differing": len(differences), "first_differences": differences[:5]}

@@ -4,7 +4,7 @@
 // FILE: JSON lines or a JSON list of {id, question, context}, or a SQuAD file. The output holds
 // {backend, predictions: {id: text}, spans: {id: {start, end, start_code_point, end_code_point}} (the best
 // answer's offsets in the context: UTF-16 units and code points; absent where there is no answer),
-// windows: [{example_id, input_ids, context_offsets (code points)}], seconds}.
+// windows: [{example_id, input_ids, token_type_ids, context_offsets (code points)}], seconds}.
 import { readFileSync, renameSync, writeFileSync } from "node:fs";
 import { parseArgs } from "node:util";
 import { BundleError, loadBundle } from "../src/node.js";
@@ -66,7 +66,7 @@ async function main() {
     spans[id] = { start, end, start_code_point: startCodePoint, end_code_point: endCodePoint };
   }
   const windows = answerer.windows(examples).map((window) => ({
-    example_id: window.exampleId, input_ids: window.ids, context_offsets: window.offsets,
+    example_id: window.exampleId, input_ids: window.ids, token_type_ids: window.typeIds, context_offsets: window.offsets,
   }));
   const partial = `${values.out}.partial`;
   writeFileSync(partial, JSON.stringify({ backend: values.backend, predictions, spans, windows, seconds }));

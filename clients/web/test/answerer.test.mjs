@@ -61,6 +61,26 @@ test("windows run in batches cut to their longest window; the answer is cut from
   assert.deepEqual(session.calls.at(-1), [1, 7]);
 });
 
+test("a graph that takes token_type_ids (BERT, ELECTRA, MobileBERT) is fed the windows' token types; one that does not (DistilBERT) is not", async () => {
+  for (const inputNames of [["input_ids", "attention_mask", "token_type_ids"], ["input_ids", "attention_mask"]]) {
+    const session = { ...fakeSession("w1", "w1"), inputNames, feeds: [] };
+    const run = session.run;
+    session.run = async (feeds) => {
+      session.feeds.push(feeds);
+      return run(feeds);
+    };
+    const answerer = new QuestionAnswerer({ Tensor }, session, tokenizer, SETTINGS, 2);
+    await answerer.answer("who?", "w0 w1 w2 w3 w4");
+    assert.deepEqual(session.feeds.map((feeds) => Object.keys(feeds).sort()), [[...inputNames].sort(), [...inputNames].sort()]);
+    if (!inputNames.includes("token_type_ids")) continue;
+    // Three windows of 8 ([CLS] who ? [SEP] w w w [SEP]) in batches of 2 and 1: question 0, context and its [SEP] 1.
+    const types = session.feeds.map((feeds) => Array.from(feeds.token_type_ids.data, Number));
+    assert.deepEqual(types[0], [0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1]);
+    assert.deepEqual(session.feeds.map((feeds) => feeds.token_type_ids.dims), [[2, 8], [1, 8]]);
+    assert.equal(session.feeds[0].token_type_ids.type, "int64");
+  }
+});
+
 test("spans longer than max_answer_length or ending before they start are never answers", () => {
   const offsets = [null, [0, 2], [3, 5], [6, 8], [9, 11], [12, 14]];
   const start = Float32Array.from([9, 1, 0, 0, 0, 8]);
