@@ -16,6 +16,7 @@ sequences of 11 tokens or fewer (with [CLS] and [SEP]) are dropped. Batches are 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import multiprocessing
@@ -243,6 +244,18 @@ def _with_end_marker(documents: Iterator[str]) -> Iterator[str | None]:
     yield None
 
 
+@contextlib.contextmanager
+def tokenized_pieces(pieces: list[Piece], workers: int, arguments: tuple) -> Iterator[Iterator[PieceResult]]:
+    """Each piece's result, in piece order: in this process for one worker (nothing to fork), else from a pool of
+    `workers` forked processes, which share the parent's memory-mapped hub dataset instead of loading it again."""
+    if workers <= 1:
+        _init_worker(*arguments)
+        yield map(_tokenize_piece, pieces)
+        return
+    with multiprocessing.get_context("fork").Pool(workers, _init_worker, arguments) as pool:
+        yield pool.imap(_tokenize_piece, pieces)
+
+
 def tokenize_corpus(
     source: CorpusSource,
     tokenizer_file: Path,
@@ -267,10 +280,8 @@ def tokenize_corpus(
     document_lengths: list[np.ndarray] = []
     n_documents = n_tokens = text_bytes = 0
     arguments = (str(tokenizer_file), source, str(pieces_dir), vocab_size)
-    # fork: workers share the parent's memory-mapped hub dataset instead of loading it again.
-    with multiprocessing.get_context("fork").Pool(max(1, workers), _init_worker, arguments) as pool, \
-            (out_dir / "ids.bin").open("wb") as ids_file:
-        for result in pool.imap(_tokenize_piece, pieces):  # in piece order: the output never depends on `workers`
+    with tokenized_pieces(pieces, workers, arguments) as results, (out_dir / "ids.bin").open("wb") as ids_file:
+        for result in results:  # in piece order: the output never depends on `workers`
             lengths = result.document_lengths
             if max_documents is not None and n_documents + len(lengths) > max_documents:
                 lengths = lengths[: max_documents - n_documents]
@@ -284,8 +295,7 @@ def tokenize_corpus(
             n_tokens += int(lengths.sum())
             text_bytes += result.text_bytes
             if max_documents is not None and n_documents >= max_documents:
-                pool.terminate()
-                break
+                break  # leaving tokenized_pieces stops the workers
     for leftover in pieces_dir.glob("*.bin"):  # pieces after max_documents
         leftover.unlink()
     pieces_dir.rmdir()

@@ -3,6 +3,9 @@ text lost, the same output whatever the workers, token-budget batches sharded by
 with their own generators, and a training step that reads no loss tensor on the host between log steps."""
 
 import json
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +21,7 @@ from pipeline.corpus import (
 )
 from pipeline.mlm import MaskedBatchCollator
 from pipeline.stages import prepare_data, tokenizer as tokenizer_stage
+from tests.conftest import PROJECT_ROOT
 from tests.stage_fixtures import tiny_config
 
 WORDS = "the river city born company worked years north museum painter long short a of in".split()
@@ -107,8 +111,8 @@ def test_the_output_is_the_same_whatever_the_workers_and_pieces_split_no_line(tm
     write_corpus(tmp_path / "corpus.txt", n_documents=90)
     monkeypatch.setattr(corpus_module, "TEXT_PIECE_BYTES", 997)  # many pieces, boundaries inside lines
     source = CorpusSource("text", str(tmp_path / "corpus.txt"))
-    one, one_metrics = tokenize(tmp_path, tokenizer_dir, source, workers=1)
-    two, two_metrics = tokenize(tmp_path, tokenizer_dir, source, workers=2)
+    one, one_metrics = tokenize(tmp_path, tokenizer_dir, source, workers=1)  # in this process: nothing forks
+    two = tokenize_in_a_fresh_process(tmp_path, tokenizer_dir, source, workers=2, piece_bytes=997)
     assert one_metrics["n_pieces"] > 10 and one_metrics["n_documents"] == 90
     for name in ("ids.bin", "doc_offsets.npy", "doc_is_heldout.npy", "token_counts.npy", "corpus.json"):
         assert (one / name).read_bytes() == (two / name).read_bytes(), name
@@ -120,6 +124,25 @@ def test_the_output_is_the_same_whatever_the_workers_and_pieces_split_no_line(tm
     assert 0 < len(training) < 90
     vocab_size = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")).get_vocab_size()
     assert corpus.token_counts().tolist() == np.bincount(np.concatenate(training), minlength=vocab_size).tolist()
+
+
+def tokenize_in_a_fresh_process(tmp_path, tokenizer_dir, source, workers, piece_bytes):
+    """tokenize() in a new interpreter, as the stage runs: its workers are forked from a process that runs one
+    thread. Forked from this test process, whose other threads (runtimes' pools) may hold a lock at that moment, a
+    worker can wait for that lock for ever."""
+    out = tmp_path / f"corpus-{workers}"
+    script = textwrap.dedent(f"""
+        from pathlib import Path
+        from tokenizers import Tokenizer
+        import pipeline.corpus as corpus
+        corpus.TEXT_PIECE_BYTES = {piece_bytes}
+        tokenizer_file = Path({str(tokenizer_dir / "tokenizer.json")!r})
+        corpus.tokenize_corpus(corpus.CorpusSource({source.kind!r}, {source.location!r}), tokenizer_file,
+                               Tokenizer.from_file(str(tokenizer_file)).get_vocab_size(), Path({str(out)!r}),
+                               seed=3, heldout_fraction=0.2, workers={workers})
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=PROJECT_ROOT)
+    return out
 
 
 def test_json_lines_sources_max_documents_and_bad_sources(tmp_path, trained_tokenizer):
