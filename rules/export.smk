@@ -20,7 +20,7 @@ rule deploy_model:
     resources:
         **EXPORT_RESOURCES,
     shell:
-        stage_shell("deploy-model", "--data-dir {input.data:q} --out-dir {output:q}", threads_variable="OMP_NUM_THREADS")
+        stage_shell("deploy-model", data_dir="{input.data:q}", out_dir="{output:q}", threads_variable="OMP_NUM_THREADS")
 
 
 rule export_onnx:
@@ -42,7 +42,7 @@ rule export_onnx:
     resources:
         **EXPORT_RESOURCES,
     shell:
-        stage_shell("export-onnx", "--model-dir {input.model:q} --data-dir {input.data:q} --out-dir {output:q}",
+        stage_shell("export-onnx", model_dir="{input.model:q}", data_dir="{input.data:q}", out_dir="{output:q}",
                     threads_variable="OMP_NUM_THREADS")
 
 
@@ -67,8 +67,8 @@ rule quantize_onnx:
     resources:
         **EXPORT_RESOURCES,
     shell:
-        stage_shell("quantize-onnx", "--onnx-dir {input.onnx:q} --model-dir {input.model:q} --data-dir {input.data:q}"
-                    " --out-dir {output:q} --threads {threads}", threads_variable="OMP_NUM_THREADS")
+        stage_shell("quantize-onnx", onnx_dir="{input.onnx:q}", model_dir="{input.model:q}", data_dir="{input.data:q}",
+                    out_dir="{output:q}", threads="{threads}", threads_variable="OMP_NUM_THREADS")
 
 
 rule export_coreml:
@@ -90,7 +90,7 @@ rule export_coreml:
     resources:
         **EXPORT_RESOURCES,
     shell:
-        stage_shell("export-coreml", "--model-dir {input.model:q} --data-dir {input.data:q} --out-dir {output:q}",
+        stage_shell("export-coreml", model_dir="{input.model:q}", data_dir="{input.data:q}", out_dir="{output:q}",
                     threads_variable="OMP_NUM_THREADS")
 
 
@@ -113,7 +113,7 @@ rule export_full_size:
     resources:
         **EXPORT_RESOURCES,
     shell:
-        stage_shell("export-full-size", "--architecture {wildcards.architecture:q} --out-dir {output:q}",
+        stage_shell("export-full-size", architecture="{wildcards.architecture:q}", out_dir="{output:q}",
                     threads_variable="OMP_NUM_THREADS")
 
 
@@ -136,6 +136,6 @@ rule bundle:
     resources:
         **LIGHT_RESOURCES,
     shell:
-        stage_shell("bundle", "--quantized-dir {input.quantized:q} --coreml-dir {input.coreml:q}"
-                    " --model-dir {input.model:q} --data-dir {input.data:q} --out-dir {output:q}",
+        stage_shell("bundle", quantized_dir="{input.quantized:q}", coreml_dir="{input.coreml:q}",
+                    model_dir="{input.model:q}", data_dir="{input.data:q}", out_dir="{output:q}",
                     threads_variable="OMP_NUM_THREADS")
