@@ -110,7 +110,8 @@ def union_members(annotation: ast.expr) -> list[str]:
 def stage_arguments(command: str, arguments: dict[str, str | bool]) -> str:
     """The flags of `python -m pipeline <command>` for a rule: `arguments` maps the stage function's parameter names
     to shell text (Snakemake placeholders such as "{input.model:q}", formatted when the job runs), or, for a
-    switch, True / False / the text of true or false. Fails naming the stage and the parameter when a name is not a
+    switch, True / False / the text of true or false. A required flag is written `--flag VALUE`, an optional one
+    `--flag=VALUE` (its value may be empty). Fails naming the stage and the parameter when a name is not a
     parameter of the stage or a required parameter is missing."""
     module, function = stage_function(command)
     where = f"stage {command} ({module}.{function})"
@@ -129,8 +130,11 @@ def stage_arguments(command: str, arguments: dict[str, str | bool]) -> str:
             words += [parameter.flag] if value else []
         elif parameter.kind == "switch":
             words.append(f"{parameter.flag}={value}")  # formatted to true or false when the job runs
-        elif isinstance(value, str):
+        elif isinstance(value, str) and parameter.required:
             words += [parameter.flag, value]
+        elif isinstance(value, str):
+            # One word: Snakemake's :q writes an empty value as nothing, and `--flag=` is still the empty value.
+            words.append(f"{parameter.flag}={value}")
         else:
             raise StageArgumentError(f"{where}: {name!r} is {value!r}; a rule passes shell text, such as "
                                      f"'{{input.{name}:q}}'")

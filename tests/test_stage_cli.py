@@ -8,6 +8,7 @@ import inspect
 import io
 import shlex
 import textwrap
+import traceback
 import typing
 from pathlib import Path
 
@@ -22,14 +23,16 @@ from tests.dry_run import dry_run
 CONFIGS = PROJECT_ROOT / "configs"
 # What the planned DAGs cover between them: every stage, with and without its optional flags (a hub teacher, so
 # teacher_finetune gets no --pretrained-dir; augmentation, so distill_squad gets --mlm-teacher-dir; two training
-# processes, so the training stages start under torchrun).
+# processes, so the training stages start under torchrun; the full-size exports, which configs/test.yaml leaves out).
 PLANS = {
     "test DAG": ([CONFIGS / "test.yaml"], {}, None),
     "study": ([CONFIGS / "test.yaml"], {}, "study"),
     "deploy": ([CONFIGS / "deploy.yaml"], {}, "deploy"),
     "hub teacher": ([CONFIGS / "test.yaml"], {"teacher": {"pretrained": "owner/hub-bert"},
                                               "distill_squad": {"augmentation": {"copies": 1}},
-                                              "compute": {"processes": 2}}, None),
+                                              "compute": {"processes": 2},
+                                              "export": {"full_size": {"architectures": ["distilbert", "bert-base"]}}},
+                    None),
     "hub teacher, study": ([CONFIGS / "test.yaml"], {"teacher": {"pretrained": "owner/hub-bert"},
                                                      "distill_squad": {"augmentation": {"copies": 1}}}, "study"),
 }
@@ -46,8 +49,9 @@ def planned_stage_commands(workdir: Path, configfiles: list[Path], config: dict,
             continue
         words = shlex.split(line.split("Shell command: ", 1)[1])
         starts = [i for i in range(len(words) - 1) if words[i:i + 2] == ["-m", "pipeline"]]
-        if starts:  # the flags end where the output goes to the log
-            commands.append((words[starts[0] + 2], words[starts[0] + 3:words.index(">")]))
+        if starts:  # the flags end where the output goes to the log: `> LOG 2>&1`
+            assert words[-3] == ">" and words[-1] == "2>&1", words
+            commands.append((words[starts[0] + 2], words[starts[0] + 3:-3]))
     return commands
 
 
@@ -120,7 +124,8 @@ def test_flags_are_the_parameters_with_their_types_and_the_empty_value_is_none()
                          "--workers", "two"], "--workers: invalid int value: 'two'"),
     ("distill-squad", ["--config-json", "{}", "--student-dir", "s", "--data-dir", "d", "--out-dir", "o", "--work-dir",
                        "w", "--ce-only=maybe"], "expected true or false, got 'maybe'"),
-    ("bundle", ["--config-json", "{}", "--model", "m"], "unrecognized arguments"),
+    ("export-onnx", ["--config-json", "{}", "--model-dir", "m", "--data-dir", "d", "--out-dir", "o", "--onnx-dir",
+                     "x"], "unrecognized arguments: --onnx-dir x"),
 ], ids=["missing-required", "choice", "int", "switch", "unknown-flag"])
 def test_a_bad_command_line_is_refused_by_the_stages_parser(command, flags, needle):
     errors = io.StringIO()
@@ -172,7 +177,7 @@ def test_the_flags_of_a_rule_are_written_from_the_parameter_names():
      "stage export-onnx (pipeline.stages.export_onnx.run) needs 'data_dir' (--data-dir), which the rule does not give"),
 ], ids=["unknown", "missing"])
 def test_a_rule_with_a_parameter_its_stage_lacks_or_without_a_required_one_stops_planning(tmp_path, arguments, needle):
-    """Planned by Snakemake: the error names the stage, the parameter and the rule's file and line."""
+    """Planned by Snakemake: the error names the stage and the parameter."""
     flags = ", ".join(f"{name}={value!r}" for name, value in arguments.items())
     snakefile = tmp_path / "Snakefile"
     snakefile.write_text(textwrap.dedent(f"""\
@@ -185,7 +190,9 @@ def test_a_rule_with_a_parameter_its_stage_lacks_or_without_a_required_one_stops
             log: "out.log"
             shell: stage_shell("export-onnx", {flags})
         """))
-    with pytest.raises(Exception) as raised:
+    with pytest.raises(stage_cli.StageArgumentError) as raised:
         dry_run(tmp_path, [], snakefile=snakefile)
-    message = str(raised.value)
-    assert needle in message and str(snakefile) in message, message
+    assert needle in str(raised.value), str(raised.value)
+    # Raised from the rule's shell line: `snakemake` prints that line of the Snakefile under the message.
+    files = [frame.filename for frame in traceback.extract_tb(raised.value.__traceback__)]
+    assert files[-3:] == [str(snakefile), str(PROJECT_ROOT / "rules" / "common.smk"), stage_cli.__file__], files
