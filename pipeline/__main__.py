@@ -1,34 +1,39 @@
-"""`python -m pipeline <stage> ...`: a thin dispatcher to each stage's command-line entry point."""
+"""`python -m pipeline <command> ...`: a thin dispatcher to each stage's and each tool's command line."""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import sys
 
-# command -> (module, function). Imports are lazy so `--help` and light commands start fast.
-COMMANDS = {
-    "prepare-data": ("pipeline.stages.prepare_data", "main"),
-    "tokenizer": ("pipeline.stages.tokenizer", "main"),
-    "teacher-pretrain": ("pipeline.stages.teacher", "main_pretrain"),
-    "teacher-finetune": ("pipeline.stages.teacher", "main_finetune"),
-    "tokenize-corpus": ("pipeline.stages.tokenize_corpus", "main"),
-    "init-student": ("pipeline.stages.init_student", "main"),
-    "distill-pretrain": ("pipeline.stages.distill_pretrain", "main"),
-    "distill-squad": ("pipeline.stages.distill_squad", "main"),
-    "deploy-model": ("pipeline.stages.deploy_model", "main"),
-    "export-onnx": ("pipeline.stages.export_onnx", "main"),
-    "quantize-onnx": ("pipeline.stages.quantize", "main"),
-    "export-coreml": ("pipeline.stages.export_coreml", "main"),
-    "export-full-size": ("pipeline.stages.export_full_size", "main"),
-    "export-full-size-int8": ("pipeline.stages.export_full_size_int8", "main"),
-    "export-peers": ("pipeline.stages.export_peers", "main"),
-    "export-gemm-floor": ("pipeline.stages.export_gemm_floor", "main"),
-    "bundle": ("pipeline.stages.bundle", "main"),
-    "int8-search": ("pipeline.stages.int8_search", "main"),
-    "benchmark": ("pipeline.stages.benchmark", "main"),
-    "benchmark-web": ("pipeline.stages.benchmark_web", "main"),
-    "report": ("pipeline.stages.report", "main"),
-    "study-summary": ("pipeline.stages.study", "main"),
+# Stages: command -> (module, the function it runs). The stage's command line is that function's parameters
+# (pipeline/stage_cli.py), and so are the flags its rule passes. Imports are lazy so `--help` starts fast.
+STAGES = {
+    "prepare-data": ("pipeline.stages.prepare_data", "run"),
+    "tokenizer": ("pipeline.stages.tokenizer", "run"),
+    "teacher-pretrain": ("pipeline.stages.teacher", "run_pretrain"),
+    "teacher-finetune": ("pipeline.stages.teacher", "run_finetune"),
+    "tokenize-corpus": ("pipeline.stages.tokenize_corpus", "run"),
+    "init-student": ("pipeline.stages.init_student", "run"),
+    "distill-pretrain": ("pipeline.stages.distill_pretrain", "run"),
+    "distill-squad": ("pipeline.stages.distill_squad", "run"),
+    "deploy-model": ("pipeline.stages.deploy_model", "run"),
+    "export-onnx": ("pipeline.stages.export_onnx", "run"),
+    "quantize-onnx": ("pipeline.stages.quantize", "run"),
+    "export-coreml": ("pipeline.stages.export_coreml", "run"),
+    "export-full-size": ("pipeline.stages.export_full_size", "run"),
+    "export-full-size-int8": ("pipeline.stages.export_full_size_int8", "run"),
+    "export-peers": ("pipeline.stages.export_peers", "run"),
+    "export-gemm-floor": ("pipeline.stages.export_gemm_floor", "run"),
+    "bundle": ("pipeline.stages.bundle", "run"),
+    "int8-search": ("pipeline.stages.int8_search", "run"),
+    "benchmark": ("pipeline.stages.benchmark", "run"),
+    "benchmark-web": ("pipeline.stages.benchmark_web", "run_for_config"),
+    "report": ("pipeline.stages.report", "run"),
+    "study-summary": ("pipeline.stages.study", "run"),
+}
+# Tools: command -> (module, its main(argv)).
+TOOLS = {
     "answer": ("pipeline.onnx_qa", "main"),
     "evaluate-predictions": ("pipeline.squad", "evaluate_predictions_main"),
     "schema": ("pipeline.config", "print_schema_main"),
@@ -36,6 +41,7 @@ COMMANDS = {
     "collect-run": ("pipeline.results_tables", "collect_main"),
     "render-results": ("pipeline.results_tables", "render_main"),
 }
+COMMANDS = {**STAGES, **TOOLS}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,8 +53,13 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(usage)
         return 0
-    module_name, function_name = COMMANDS[argv[0]]
-    entry_point = getattr(importlib.import_module(module_name), function_name)
+    if argv[0] in STAGES:
+        from pipeline import stage_cli
+
+        entry_point = functools.partial(stage_cli.main, argv[0])
+    else:
+        module_name, function_name = TOOLS[argv[0]]
+        entry_point = getattr(importlib.import_module(module_name), function_name)
     try:
         return int(entry_point(argv[1:]) or 0)
     except Exception as error:

@@ -12,6 +12,7 @@ from pipeline.config import PipelineConfig, from_dict, to_dict
 from pipeline.data_sources import check_local_files, configured_local_paths, local_data_files
 from pipeline.deploy import check_local_model, deploy_root
 from pipeline.export.peers import ORT_PEER, TORCH_PEER
+from pipeline.stage_cli import stage_arguments
 
 CFG = from_dict(PipelineConfig, config)  # cross-field checks the schema cannot express
 FULL = to_dict(CFG)
@@ -27,7 +28,7 @@ TEACHER_FROM_SCRATCH = CFG.teacher.pretrained is None  # then rule teacher_pretr
 MLM_TEACHER = f"{ROOT}/teacher_pretrain" if TEACHER_FROM_SCRATCH else CFG.teacher.pretrained
 # TinyBERT's task-stage augmentation asks the MLM teacher for replacement words.
 AUGMENT = CFG.distill_squad.augmentation.copies > 0
-MLM_TEACHER_ARG = f"--mlm-teacher-dir {shlex.quote(str(MLM_TEACHER))}" if AUGMENT else ""
+MLM_TEACHER_FOR_AUGMENTATION = str(MLM_TEACHER) if AUGMENT else ""  # '': distill_squad gets none
 # Every local file or folder the config names must exist, whatever outputs already do: a missing one stops the
 # run here with its key (Snakemake would otherwise keep going on an old build without a word).
 check_local_files(CFG)
@@ -149,10 +150,12 @@ def code(command, *extra):
     return command_code_files(command) + list(extra)
 
 
-def stage_shell(command, arguments, training=False, threads_variable=None):
-    """The shell command of a stage rule: `python -m pipeline <command> --config-json {params.cfg:q} <arguments>`,
-    its output to the rule's log. training=True launches it as compute.processes processes (torchrun, PyTorch DDP)
-    on each of compute.nodes nodes
+def stage_shell(command, training=False, threads_variable=None, **arguments):
+    """The shell command of a stage rule: `python -m pipeline <command> --config-json {params.cfg:q}` and one flag
+    per keyword, its output to the rule's log. The keywords are the stage function's parameter names and their
+    values shell text, mostly placeholders (model_dir="{input.model:q}" gives --model-dir {input.model:q}); a
+    keyword the stage does not take, or a required parameter left out, stops planning (pipeline/stage_cli.py).
+    training=True launches it as compute.processes processes (torchrun, PyTorch DDP) on each of compute.nodes nodes
     with the precision as accelerate's ACCELERATE_MIXED_PRECISION and OMP_NUM_THREADS the rule's threads per
     process; threads_variable (OMP_NUM_THREADS, RAYON_NUM_THREADS) is set to the rule's threads. Threads are
     formatted by Snakemake when the job runs, so --cores never changes a rule's inputs or params."""
@@ -178,7 +181,8 @@ def stage_shell(command, arguments, training=False, threads_variable=None):
         start = f"{python} -m torch.distributed.run --standalone --nproc_per_node={processes} -m pipeline {command}"
     else:
         start = f"{python} -m pipeline {command}"
-    return " ".join(env + [start, "--config-json {params.cfg:q}", arguments, "> {log:q} 2>&1"])
+    flags = stage_arguments(command, {"cfg": "{params.cfg:q}", **arguments})
+    return " ".join(env + [start, flags, "> {log:q} 2>&1"])
 
 
 def log_file(job):

@@ -19,7 +19,7 @@ rule prepare_data:
     resources:
         **DATA_RESOURCES,
     shell:
-        stage_shell("prepare-data", "--out-dir {output:q}")
+        stage_shell("prepare-data", out_dir="{output:q}")
 
 
 rule tokenizer:
@@ -40,7 +40,7 @@ rule tokenizer:
     resources:
         **DATA_RESOURCES,
     shell:
-        stage_shell("tokenizer", "--data-dir {input.data:q} --out-dir {output:q}", threads_variable="RAYON_NUM_THREADS")
+        stage_shell("tokenizer", data_dir="{input.data:q}", out_dir="{output:q}", threads_variable="RAYON_NUM_THREADS")
 
 
 # The corpus, tokenized once into memory-mapped ids (one worker process per thread); every MLM stage and rank
@@ -64,8 +64,8 @@ rule tokenize_corpus:
     resources:
         **DATA_RESOURCES,
     shell:
-        stage_shell("tokenize-corpus", "--data-dir {input.data:q} --tokenizer-dir {input.tokenizer:q}"
-                    " --out-dir {output:q} --workers {threads}")
+        stage_shell("tokenize-corpus", data_dir="{input.data:q}", tokenizer_dir="{input.tokenizer:q}",
+                    out_dir="{output:q}", workers="{threads}")
 
 
 if TEACHER_FROM_SCRATCH:
@@ -89,9 +89,9 @@ if TEACHER_FROM_SCRATCH:
         resources:
             **TRAIN_RESOURCES,
         shell:
-            stage_shell("teacher-pretrain", "--corpus-dir {input.corpus:q} --tokenizer-dir {input.tokenizer:q}"
-                        " --out-dir {output:q} --work-dir {params.work:q}"
-                        " --node-local-dir={resources.node_local_dir:q}", training=True)
+            stage_shell("teacher-pretrain", corpus_dir="{input.corpus:q}", tokenizer_dir="{input.tokenizer:q}",
+                        out_dir="{output:q}", work_dir="{params.work:q}",
+                        node_local_dir="{resources.node_local_dir:q}", training=True)
 
 
 rule teacher_finetune:
@@ -104,7 +104,7 @@ rule teacher_finetune:
         directory(f"{ROOT}/teacher"),
     params:
         cfg=training_config("seed", "teacher", "squad"),
-        pretrained=lambda wildcards, input: f"--pretrained-dir {shlex.quote(input.pretrained[0])}" if input.pretrained else "",
+        pretrained=lambda wildcards, input: input.pretrained[0] if input.pretrained else "",  # '': a hub teacher
         work=f"{ROOT}/work/teacher_finetune",
     log:
         log_file("teacher_finetune"),
@@ -117,5 +117,6 @@ rule teacher_finetune:
     resources:
         **TRAIN_RESOURCES,
     shell:
-        stage_shell("teacher-finetune", "--data-dir {input.data:q} --tokenizer-dir {input.tokenizer:q} {params.pretrained}"
-                    " --out-dir {output:q} --work-dir {params.work:q}", training=True)
+        stage_shell("teacher-finetune", data_dir="{input.data:q}", tokenizer_dir="{input.tokenizer:q}",
+                    pretrained_dir="{params.pretrained:q}", out_dir="{output:q}", work_dir="{params.work:q}",
+                    training=True)

@@ -25,8 +25,8 @@ rule init_student:
     resources:
         **LIGHT_RESOURCES,
     shell:
-        stage_shell("init-student", "--teacher {params.teacher:q} --tokenizer-dir {input.tokenizer:q}"
-                    " --init {params.init:q} --out-dir {output:q}")
+        stage_shell("init-student", teacher="{params.teacher:q}", tokenizer_dir="{input.tokenizer:q}",
+                    init="{params.init:q}", out_dir="{output:q}")
 
 
 rule distill_pretrain:
@@ -52,9 +52,9 @@ rule distill_pretrain:
     resources:
         **TRAIN_RESOURCES,
     shell:
-        stage_shell("distill-pretrain", "--student-dir {input.student:q} --teacher {params.teacher:q}"
-                    " --corpus-dir {input.corpus:q} --out-dir {output:q} --work-dir {params.work:q}"
-                    " --node-local-dir={resources.node_local_dir:q}", training=True)
+        stage_shell("distill-pretrain", student_dir="{input.student:q}", teacher="{params.teacher:q}",
+                    corpus_dir="{input.corpus:q}", out_dir="{output:q}", work_dir="{params.work:q}",
+                    node_local_dir="{resources.node_local_dir:q}", training=True)
 
 
 rule distill_squad:
@@ -69,7 +69,7 @@ rule distill_squad:
     params:
         cfg=training_config("seed", "squad", "distill_squad"),
         student=SQUAD_STUDENT,
-        mlm_teacher=MLM_TEACHER_ARG,
+        mlm_teacher=MLM_TEACHER_FOR_AUGMENTATION,
         work=f"{ROOT}/work/distill_squad",
     log:
         log_file("distill_squad"),
@@ -80,9 +80,9 @@ rule distill_squad:
     resources:
         **TRAIN_RESOURCES,
     shell:
-        stage_shell("distill-squad", "--student-dir {params.student:q} --teacher-dir {input.teacher:q}"
-                    " {params.mlm_teacher} --data-dir {input.data:q} --out-dir {output:q} --work-dir {params.work:q}",
-                    training=True)
+        stage_shell("distill-squad", student_dir="{params.student:q}", teacher_dir="{input.teacher:q}",
+                    mlm_teacher_dir="{params.mlm_teacher:q}", data_dir="{input.data:q}", out_dir="{output:q}",
+                    work_dir="{params.work:q}", training=True)
 
 
 rule student_finetune:
@@ -105,5 +105,5 @@ rule student_finetune:
     resources:
         **TRAIN_RESOURCES,
     shell:
-        stage_shell("distill-squad", "--ce-only --student-dir {params.student:q} --data-dir {input.data:q}"
-                    " --out-dir {output:q} --work-dir {params.work:q}", training=True)
+        stage_shell("distill-squad", ce_only=True, student_dir="{params.student:q}", data_dir="{input.data:q}",
+                    out_dir="{output:q}", work_dir="{params.work:q}", training=True)

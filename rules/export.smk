@@ -21,7 +21,7 @@ rule deploy_model:
     resources:
         **EXPORT_RESOURCES,
     shell:
-        stage_shell("deploy-model", "--data-dir {input.data:q} --out-dir {output:q}", threads_variable="OMP_NUM_THREADS")
+        stage_shell("deploy-model", data_dir="{input.data:q}", out_dir="{output:q}", threads_variable="OMP_NUM_THREADS")
 
 
 rule export_onnx:
@@ -43,7 +43,7 @@ rule export_onnx:
     resources:
         **EXPORT_RESOURCES,
     shell:
-        stage_shell("export-onnx", "--model-dir {input.model:q} --data-dir {input.data:q} --out-dir {output:q}",
+        stage_shell("export-onnx", model_dir="{input.model:q}", data_dir="{input.data:q}", out_dir="{output:q}",
                     threads_variable="OMP_NUM_THREADS")
 
 
@@ -68,8 +68,8 @@ rule quantize_onnx:
     resources:
         **EXPORT_RESOURCES,
     shell:
-        stage_shell("quantize-onnx", "--onnx-dir {input.onnx:q} --model-dir {input.model:q} --data-dir {input.data:q}"
-                    " --out-dir {output:q} --threads {threads}", threads_variable="OMP_NUM_THREADS")
+        stage_shell("quantize-onnx", onnx_dir="{input.onnx:q}", model_dir="{input.model:q}", data_dir="{input.data:q}",
+                    out_dir="{output:q}", threads="{threads}", threads_variable="OMP_NUM_THREADS")
 
 
 rule export_coreml:
@@ -91,7 +91,7 @@ rule export_coreml:
     resources:
         **EXPORT_RESOURCES,
     shell:
-        stage_shell("export-coreml", "--model-dir {input.model:q} --data-dir {input.data:q} --out-dir {output:q}",
+        stage_shell("export-coreml", model_dir="{input.model:q}", data_dir="{input.data:q}", out_dir="{output:q}",
                     threads_variable="OMP_NUM_THREADS")
 
 
@@ -114,7 +114,7 @@ rule export_full_size:
     resources:
         **EXPORT_RESOURCES,
     shell:
-        stage_shell("export-full-size", "--architecture {wildcards.architecture:q} --out-dir {output:q}",
+        stage_shell("export-full-size", architecture="{wildcards.architecture:q}", out_dir="{output:q}",
                     threads_variable="OMP_NUM_THREADS")
 
 
@@ -141,8 +141,8 @@ rule export_full_size_int8:
     resources:
         **EXPORT_RESOURCES,
     shell:
-        stage_shell("export-full-size-int8", "--full-size-dir {input.full_size:q} --choice {input.choice:q}"
-                    " --out-dir {output:q}", threads_variable="OMP_NUM_THREADS")
+        stage_shell("export-full-size-int8", full_size_dir="{input.full_size:q}", choice_path="{input.choice:q}",
+                    out_dir="{output:q}", threads_variable="OMP_NUM_THREADS")
 
 
 # The int8 paths a user would otherwise pick (torch.ao dynamic int8, optimum's ORTQuantizer), for the full-size
@@ -157,7 +157,7 @@ rule export_peers:
         architecture="distilbert|bert-base",
     params:
         cfg=stage_config("seed"),
-        peers=lambda wildcards: PEERS_BUILT[wildcards.architecture],
+        peers=lambda wildcards: ",".join(PEERS_BUILT[wildcards.architecture]),
     log:
         log_file("export_peers_{architecture}"),
     benchmark:
@@ -167,7 +167,7 @@ rule export_peers:
     resources:
         **EXPORT_RESOURCES,
     shell:
-        stage_shell("export-peers", "--full-size-dir {input.full_size:q} --peers {params.peers:q} --out-dir {output:q}",
+        stage_shell("export-peers", full_size_dir="{input.full_size:q}", peers="{params.peers:q}", out_dir="{output:q}",
                     threads_variable="OMP_NUM_THREADS")
 
 
@@ -190,8 +190,8 @@ rule export_gemm_floor:
     resources:
         **EXPORT_RESOURCES,
     shell:
-        stage_shell("export-gemm-floor", "--full-size-dir {input.full_size:q}"
-                    " --sequence-length {params.sequence_length} --out-dir {output:q}")
+        stage_shell("export-gemm-floor", full_size_dir="{input.full_size:q}",
+                    sequence_length="{params.sequence_length}", out_dir="{output:q}")
 
 
 rule bundle:
@@ -213,6 +213,6 @@ rule bundle:
     resources:
         **LIGHT_RESOURCES,
     shell:
-        stage_shell("bundle", "--quantized-dir {input.quantized:q} --coreml-dir {input.coreml:q}"
-                    " --model-dir {input.model:q} --data-dir {input.data:q} --out-dir {output:q}",
+        stage_shell("bundle", quantized_dir="{input.quantized:q}", coreml_dir="{input.coreml:q}",
+                    model_dir="{input.model:q}", data_dir="{input.data:q}", out_dir="{output:q}",
                     threads_variable="OMP_NUM_THREADS")

@@ -24,7 +24,7 @@ rule int8_search:
     resources:
         **EXPORT_RESOURCES,
     shell:
-        stage_shell("int8-search", "--root {params.root:q} --out-dir {params.out_dir:q}")
+        stage_shell("int8-search", root="{params.root:q}", out_dir="{params.out_dir:q}")
 
 
 # Times every artifact the export rules built: it takes every core, so nothing runs beside the timed runs.
@@ -51,7 +51,7 @@ rule benchmark:
     resources:
         **EXPORT_RESOURCES,
     shell:
-        stage_shell("benchmark", "--root {params.root:q} --out-dir {output:q}")
+        stage_shell("benchmark", root="{params.root:q}", out_dir="{output:q}")
 
 
 rule benchmark_web:
@@ -72,7 +72,7 @@ rule benchmark_web:
     resources:
         **LIGHT_RESOURCES,
     shell:
-        stage_shell("benchmark-web", "--root {params.root:q} --out {output:q}")
+        stage_shell("benchmark-web", root="{params.root:q}", out="{output:q}")
 
 
 WEB_BENCHMARK = rules.benchmark_web.output[0] if CFG.benchmark.javascript else []
@@ -96,7 +96,7 @@ rule report:
         cfg=stage_config("squad", "export", "benchmark", "deploy"),
         root=ROOT,
         out_dir=f"{ROOT}/report",
-        web=lambda wildcards, input: f"--web-benchmark {shlex.quote(str(input.web))}" if input.web else "",
+        web=lambda wildcards, input: str(input.web) if input.web else "",  # '': no JavaScript timings
     log:
         log_file("report"),
     benchmark:
@@ -105,5 +105,5 @@ rule report:
     resources:
         **LIGHT_RESOURCES,
     shell:
-        stage_shell("report", "--root {params.root:q} --benchmark {input.benchmark:q}/benchmark.json {params.web}"
-                    " --out-dir {params.out_dir:q}")
+        stage_shell("report", root="{params.root:q}", benchmark="{input.benchmark:q}/benchmark.json",
+                    web_benchmark="{params.web:q}", out_dir="{params.out_dir:q}")

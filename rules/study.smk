@@ -25,8 +25,10 @@ rule study_run:
     params:
         cfg=study_run_config,
         student=SQUAD_STUDENT,
-        teacher=lambda wildcards, input: "--ce-only" if wildcards.run == squad_objectives.BASELINE
-        else f"--teacher-dir {shlex.quote(str(input.teacher))} {MLM_TEACHER_ARG}",
+        # the CE-only baseline has no teacher
+        ce_only=lambda wildcards: "true" if wildcards.run == squad_objectives.BASELINE else "false",
+        teacher=lambda wildcards, input: "" if wildcards.run == squad_objectives.BASELINE else str(input.teacher),
+        mlm_teacher=lambda wildcards: "" if wildcards.run == squad_objectives.BASELINE else MLM_TEACHER_FOR_AUGMENTATION,
         work=lambda wildcards: f"{ROOT}/work/study/{wildcards.run}/seed{wildcards.seed}",
     log:
         log_file("study/{run}_seed{seed}"),
@@ -36,8 +38,9 @@ rule study_run:
     resources:
         **TRAIN_RESOURCES,
     shell:
-        stage_shell("distill-squad", "{params.teacher} --student-dir {params.student:q} --data-dir {input.data:q}"
-                    " --out-dir {output:q} --work-dir {params.work:q}", training=True)
+        stage_shell("distill-squad", ce_only="{params.ce_only}", teacher_dir="{params.teacher:q}",
+                    mlm_teacher_dir="{params.mlm_teacher:q}", student_dir="{params.student:q}",
+                    data_dir="{input.data:q}", out_dir="{output:q}", work_dir="{params.work:q}", training=True)
 
 
 rule study_summary:
@@ -58,5 +61,5 @@ rule study_summary:
     resources:
         **LIGHT_RESOURCES,
     shell:
-        stage_shell("study-summary", "--runs-dir {params.runs_dir:q} --data-dir {input.data:q}"
-                    " --teacher-dir {input.teacher:q} --out-dir {params.runs_dir:q}")
+        stage_shell("study-summary", runs_dir="{params.runs_dir:q}", data_dir="{input.data:q}",
+                    teacher_dir="{input.teacher:q}", out_dir="{params.runs_dir:q}")

@@ -14,9 +14,11 @@ from tests.conftest import PROJECT_ROOT
 
 
 def dry_run(workdir: Path, configfiles: list[Path], config: dict | None = None, target: str | None = None,
-            cores: int = 2, print_shell_commands: bool = False) -> subprocess.CompletedProcess:
+            cores: int = 2, print_shell_commands: bool = False,
+            snakefile: Path = PROJECT_ROOT / "Snakefile") -> subprocess.CompletedProcess:
     """What `snakemake [target] -n [-p] --cores CORES --directory WORKDIR --configfile CONFIGFILES --config CONFIG`
-    prints to stdout, as a completed process (return code 0; a planning error raises)."""
+    prints to stdout, as a completed process (return code 0; a planning error raises); the project's Snakefile
+    unless another is given."""
     from snakemake.api import SnakemakeApi
     from snakemake.settings.types import ConfigSettings, DAGSettings, OutputSettings, ResourceSettings
 
@@ -30,7 +32,7 @@ def dry_run(workdir: Path, configfiles: list[Path], config: dict | None = None, 
             workflow = api.workflow(resource_settings=ResourceSettings(cores=cores),
                                     config_settings=ConfigSettings(configfiles=[Path(path) for path in configfiles],
                                                                    config=config or {}),
-                                    snakefile=PROJECT_ROOT / "Snakefile", workdir=Path(workdir))
+                                    snakefile=Path(snakefile), workdir=Path(workdir))
             dag = workflow.dag(DAGSettings(targets={target} if target else set()))
             dag.execute_workflow(executor="dryrun")
     finally:

@@ -21,7 +21,7 @@ def run_distill_squad(artifacts, tmp_path, teacher=True, **distill_squad_overrid
     cfg = tiny_config(distill_squad=distill_squad_overrides)
     return distill_squad.run(
         cfg, artifacts["student"], artifacts["qa_teacher"] if teacher else None, artifacts["data"],
-        tmp_path / "out", tmp_path / "work",
+        tmp_path / "out", tmp_path / "work", ce_only=not teacher,
     )
 
 
@@ -134,7 +134,8 @@ def test_freeze_word_embeddings_keeps_only_the_word_embeddings_fixed(artifacts, 
     from safetensors.torch import load_file
 
     cfg = tiny_config(squad={"freeze_word_embeddings": freeze})
-    distill_squad.run(cfg, artifacts["student"], None, artifacts["data"], tmp_path / "out", tmp_path / "work")
+    distill_squad.run(cfg, artifacts["student"], None, artifacts["data"], tmp_path / "out", tmp_path / "work",
+                      ce_only=True)
     before, after = load_file(artifacts["student"] / "model.safetensors"), load_file(tmp_path / "out" / "model.safetensors")
     words = "distilbert.embeddings.word_embeddings.weight"
     assert torch.equal(before[words], after[words]) == freeze
@@ -376,13 +377,14 @@ def test_the_teacher_stays_frozen_and_out_of_the_optimizer(artifacts, tmp_path, 
 def test_augmented_windows_join_training_with_teacher_targets_only(artifacts, tmp_path):
     cfg = tiny_config(distill_squad={"augmentation": {"copies": 2, "replace_probability": 0.5, "top_k": 3}})
     metrics = distill_squad.run(cfg, artifacts["student"], artifacts["qa_teacher"], artifacts["data"],
-                                tmp_path / "out", tmp_path / "work", mlm_teacher=artifacts["mlm_teacher"])
+                                tmp_path / "out", tmp_path / "work", mlm_teacher_dir=artifacts["mlm_teacher"])
     assert metrics["n_augmented_windows"] == 2 * metrics["n_train_windows"] > 0
     cache = next((tmp_path / "work").glob("teacher_logits-*.safetensors"))
     from safetensors.torch import load_file
     assert load_file(cache)["teacher_start_logits"].shape[0] == 3 * metrics["n_train_windows"]
     # The CE-only baseline never sees augmented windows, whatever the config says.
-    baseline = distill_squad.run(cfg, artifacts["student"], None, artifacts["data"], tmp_path / "ce", tmp_path / "ce_work")
+    baseline = distill_squad.run(cfg, artifacts["student"], None, artifacts["data"], tmp_path / "ce", tmp_path / "ce_work",
+                                 ce_only=True)
     assert baseline["n_augmented_windows"] == 0
 
 

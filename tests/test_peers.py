@@ -87,7 +87,7 @@ def test_export_peers_builds_the_named_peers_and_the_benchmark_times_them(tiny_f
                       benchmark={"sequence_lengths": [32, 256], "threads": [1, 2], "runs": 2, "warmup": 1,
                                  "search_runs": 3, "timed_full_size": ["distilbert/torch-dynamic-int8",
                                                                        "distilbert/onnx-ortquantizer-int8"]})
-    built = export_peers.run(cfg, root / "full_size" / "distilbert", [peers.TORCH_PEER, peers.ORT_PEER],
+    built = export_peers.run(cfg, root / "full_size" / "distilbert", f"{peers.TORCH_PEER},{peers.ORT_PEER}",
                              root / "peers" / "distilbert")
     assert built["architecture"] == "distilbert" and built["skipped"] == {}
     sizes = built["peers"][peers.TORCH_PEER]["size_mb_by_engine"]
@@ -133,7 +133,7 @@ def test_a_peer_named_but_not_built_or_unknown_stops_naming_the_file_or_the_peer
     with pytest.raises(benchmark.BenchmarkInputError, match="peers.json: onnx-ortquantizer-int8 is named"):
         benchmark.peer_artifacts(root, cfg)
     with pytest.raises(ValueError, match="unknown peers"):
-        export_peers.run(cfg, root / "full_size" / "distilbert", ["onnx-fp16"], tmp_path / "peers")
+        export_peers.run(cfg, root / "full_size" / "distilbert", "onnx-fp16", tmp_path / "peers")
 
 
 def test_a_cpu_without_an_ortquantizer_preset_leaves_that_peer_out_with_the_reason(tiny_full_size, tmp_path,
@@ -142,7 +142,7 @@ def test_a_cpu_without_an_ortquantizer_preset_leaves_that_peer_out_with_the_reas
     monkeypatch.setattr(export_peers, "cpu_description", lambda: {"model_name": "old", "simd_flags": ["sse4_2"]})
     cfg = tiny_config(export={"full_size": {"architectures": ["distilbert"]}},
                       benchmark={"timed_full_size": ["distilbert/onnx-ortquantizer-int8"]})
-    built = export_peers.run(cfg, root / "full_size" / "distilbert", [peers.ORT_PEER], root / "peers" / "distilbert")
+    built = export_peers.run(cfg, root / "full_size" / "distilbert", peers.ORT_PEER, root / "peers" / "distilbert")
     assert built["peers"] == {} and not (root / "peers" / "distilbert" / peers.ORT_PEER).exists()
     timed, skipped = benchmark.peer_artifacts(root, cfg)
     assert timed == [] and "no AutoQuantizationConfig preset" in skipped["distilbert/onnx-ortquantizer-int8"]

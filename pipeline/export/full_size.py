@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -15,7 +16,7 @@ from pipeline.config import PipelineConfig
 from pipeline.export import int8
 
 PARITY_WINDOWS, PARITY_LENGTH = 4, 128
-ARCHITECTURES = ("distilbert", "bert-base")
+Architecture = Literal["distilbert", "bert-base"]  # the full-size models this module builds
 
 
 def save_full_size(architecture: str, out_dir: Path, pretrained: str | None, seed: int) -> int:

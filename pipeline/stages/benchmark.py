@@ -38,8 +38,8 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.artifacts import (atomic_output_dir, atomic_write_json, bundled_model, directory_size_bytes, exported_models,
-                                megabytes, read_json, setup_logging)
-from pipeline.config import BenchmarkConfig, PipelineConfig, config_from_json
+                                megabytes, read_json)
+from pipeline.config import BenchmarkConfig, PipelineConfig
 from pipeline.errors import PipelineError
 from pipeline.latency import (cpu_description, fastest_first, onnx_session, synthetic_feed, time_calls,
                               time_in_turn)
@@ -480,25 +480,24 @@ def worker_main(item_json: str, benchmark_json: str, task: str, out: Path) -> in
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline benchmark", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config-json")
-    parser.add_argument("--root", type=Path, help="the pipeline's output root (artifacts/)")
-    parser.add_argument("--out-dir", type=Path)
-    parser.add_argument("--worker", help=argparse.SUPPRESS)  # internal: time one artifact in this process
-    parser.add_argument("--benchmark-json", help=argparse.SUPPRESS)
-    parser.add_argument("--task", default="latency", help=argparse.SUPPRESS)
-    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+def worker_cli(argv: list[str] | None = None) -> int:
+    """`python -m pipeline.stages.benchmark --worker ITEM --benchmark-json JSON --task TASK --out FILE`: one task on
+    one artifact in this process, as in_worker starts it (not a user's command: that is `python -m pipeline
+    benchmark`)."""
+    parser = argparse.ArgumentParser(prog="python -m pipeline.stages.benchmark", description=worker_cli.__doc__)
+    parser.add_argument("--worker", required=True, help="the artifact, as JSON")
+    parser.add_argument("--benchmark-json", required=True, help="the benchmark config section, as JSON")
+    parser.add_argument("--task", default="latency")
+    parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    if args.worker:
-        return worker_main(args.worker, args.benchmark_json, args.task, args.out)
-    if not (args.config_json and args.root and args.out_dir):
-        parser.error("--config-json, --root and --out-dir are required")
-    setup_logging()
-    run(config_from_json(args.config_json), args.root, args.out_dir)
-    return 0
+    return worker_main(args.worker, args.benchmark_json, args.task, args.out)
+
+
+# `python -m pipeline benchmark`: run()'s parameters as flags (pipeline/stage_cli.py), with this help.
+FLAG_HELP = {
+    "root": "the pipeline's output root (artifacts/)",
+}
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(worker_cli())

@@ -14,18 +14,16 @@ full-size DistilBERT int8 graph, whose 512 positions also reach the longest leng
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-from pipeline.artifacts import EXPORTED_MODELS, atomic_write_json, bundled_model, exported_models, directory_size_bytes, megabytes, read_json, setup_logging
-from pipeline.config import BenchmarkConfig, PipelineConfig, config_from_json
+from pipeline.artifacts import EXPORTED_MODELS, atomic_write_json, bundled_model, exported_models, directory_size_bytes, megabytes, read_json
+from pipeline.config import BenchmarkConfig, PipelineConfig
 from pipeline.errors import PipelineError
 from pipeline.latency import cpu_description
 
@@ -199,20 +197,18 @@ def run(root: Path, out: Path, cfg: BenchmarkConfig | None = None, client_dir: P
     return metrics
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline benchmark-web", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--root", type=Path, required=True, help="the pipeline's output root (artifacts/)")
-    parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
-    parser.add_argument("--config-json", help="the run's config as JSON: its benchmark section sets lengths, runs, "
-                        "the full-size graph and Chromium's threads")
-    args = parser.parse_args(argv)
-    setup_logging()
-    full = config_from_json(args.config_json) if args.config_json else PipelineConfig()
+def run_for_config(cfg: PipelineConfig | None, root: Path, out: Path) -> dict:
+    """run() with the benchmark section and the bundled model of the pipeline's config (the default config
+    without one)."""
+    full = cfg or PipelineConfig()
     bundled = bundled_model(full)
-    try:
-        run(args.root, args.out, full.benchmark, bundled=(bundled, exported_models(full)[bundled]))
-    except WebBenchmarkError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    return 0
+    return run(root, out, full.benchmark, bundled=(bundled, exported_models(full)[bundled]))
+
+
+# `python -m pipeline benchmark-web`: run_for_config()'s parameters as flags (pipeline/stage_cli.py), with this help.
+FLAG_HELP = {
+    "root": "the pipeline's output root (artifacts/)",
+    "out": "JSON file to write",
+    "cfg": "the run's config as JSON: its benchmark section sets lengths, runs, the full-size graph and Chromium's "
+           "threads",
+}

@@ -16,7 +16,6 @@ and holds them to the int8 gates against the PyTorch student.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import shutil
@@ -32,11 +31,10 @@ from pipeline.artifacts import (
     library_versions,
     megabytes,
     read_json,
-    setup_logging,
     verify_input_dirs,
     verify_manifest,
 )
-from pipeline.config import PipelineConfig, config_from_json
+from pipeline.config import PipelineConfig
 from pipeline.gates import GateError, compressed_model_report, gate_questions, raise_for_failures
 from pipeline.model_card import bundle_card, write_model_card
 
@@ -263,17 +261,9 @@ def run(cfg: PipelineConfig, quantized_dir: Path, coreml_dir: Path, model_dir: P
     return metrics
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline bundle", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config-json", required=True)
-    parser.add_argument("--quantized-dir", required=True, type=Path, help="output of quantize_onnx (the bundled model)")
-    parser.add_argument("--coreml-dir", required=True, type=Path, help="output of export_coreml (the bundled model)")
-    parser.add_argument("--model-dir", required=True, type=Path, help="the PyTorch model (dev predictions and F1)")
-    parser.add_argument("--data-dir", required=True, type=Path)
-    parser.add_argument("--out-dir", required=True, type=Path)
-    args = parser.parse_args(argv)
-    setup_logging()
-    run(config_from_json(args.config_json), args.quantized_dir, args.coreml_dir, args.model_dir, args.data_dir,
-        args.out_dir)
-    return 0
+# `python -m pipeline bundle`: run()'s parameters as flags (pipeline/stage_cli.py), with this help.
+FLAG_HELP = {
+    "quantized_dir": "output of quantize_onnx (the bundled model)",
+    "coreml_dir": "output of export_coreml (the bundled model)",
+    "model_dir": "the PyTorch model (dev predictions and F1)",
+}

@@ -11,14 +11,13 @@ exporters cannot take (pipeline/deploy.py) is refused with the reason, and nothi
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 from pathlib import Path
 
 from pipeline import qa
-from pipeline.artifacts import atomic_output_dir, atomic_write_json, setup_logging, verify_input_dirs
-from pipeline.config import PipelineConfig, config_from_json
+from pipeline.artifacts import atomic_output_dir, atomic_write_json, verify_input_dirs
+from pipeline.config import PipelineConfig
 from pipeline.data import load_squad
 from pipeline.deploy import load_deployable
 from pipeline.model_card import deployed_model_card, write_model_card
@@ -47,13 +46,7 @@ def run(cfg: PipelineConfig, data_dir: Path, out_dir: Path) -> dict:
     return metrics
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline deploy-model", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config-json", required=True)
-    parser.add_argument("--data-dir", required=True, type=Path, help="output of prepare_data (dev.jsonl)")
-    parser.add_argument("--out-dir", required=True, type=Path)
-    args = parser.parse_args(argv)
-    setup_logging()
-    run(config_from_json(args.config_json), args.data_dir, args.out_dir)
-    return 0
+# `python -m pipeline deploy-model`: run()'s parameters as flags (pipeline/stage_cli.py), with this help.
+FLAG_HELP = {
+    "data_dir": "output of prepare_data (dev.jsonl)",
+}

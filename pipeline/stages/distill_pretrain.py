@@ -15,7 +15,6 @@ the same batches and masks, no padding computed.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import shutil
@@ -25,9 +24,9 @@ import torch
 from torch.nn import Module
 from transformers import AutoTokenizer, BertForMaskedLM, DistilBertForMaskedLM
 
-from pipeline.artifacts import atomic_output_dir, atomic_write_json, fingerprint, setup_logging, to_plain
+from pipeline.artifacts import atomic_output_dir, atomic_write_json, fingerprint, to_plain
 from pipeline.artifacts import verify_input_dirs
-from pipeline.config import DistillPretrainConfig, PipelineConfig, config_from_json
+from pipeline.config import DistillPretrainConfig, PipelineConfig
 from pipeline.corpus import TokenizedCorpus, copy_ids_to_node, node_local_ids_path, token_budget_batches
 from pipeline.chunked_lm_loss import VocabProjection
 from pipeline.losses import mlm_distillation_terms, mlm_distillation_terms_in_chunks
@@ -113,22 +112,22 @@ def distillation_terms(
 def run(
     cfg: PipelineConfig,
     student_dir: Path,
-    teacher_source: str,
+    teacher: str,
     corpus_dir: Path,
     out_dir: Path,
     work_dir: Path,
     node_local_dir: str | None = None,
 ) -> dict:
-    verify_input_dirs(student_dir, teacher_source, corpus_dir)
+    verify_input_dirs(student_dir, teacher, corpus_dir)
     dcfg = cfg.distill_pretrain
     device = prepare_run(dcfg.train, cfg.seed)
     tokenizer = AutoTokenizer.from_pretrained(student_dir)
     student = DistilBertForMaskedLM.from_pretrained(student_dir).to(device)
-    teacher = freeze(BertForMaskedLM.from_pretrained(teacher_source)).to(device)
+    teacher_model = freeze(BertForMaskedLM.from_pretrained(teacher)).to(device)
     if use_bf16(dcfg.train, device):
         # Frozen: bf16 weights halve its memory and time; only where the loop itself trains under bf16 autocast.
-        teacher = teacher.to(torch.bfloat16)
-    student_encoder, teacher_encoder = encoders(student, teacher, dcfg.packed_attention)
+        teacher_model = teacher_model.to(torch.bfloat16)
+    student_encoder, teacher_encoder = encoders(student, teacher_model, dcfg.packed_attention)
     student_forward = maybe_compile(student_encoder, dcfg.train, device)
     teacher_forward = maybe_compile(teacher_encoder, dcfg.train, device)
 
@@ -151,10 +150,10 @@ def run(
     world_size = process_group_from_env().world_size
 
     def compute_loss(batch):
-        return distillation_terms(student, teacher, batch, dcfg, student_forward, teacher_forward)
+        return distillation_terms(student, teacher_model, batch, dcfg, student_forward, teacher_forward)
 
     run_id = fingerprint(
-        "distill_pretrain", to_plain(dcfg), cfg.seed, str(teacher_source), files=[corpus_dir, student_dir],
+        "distill_pretrain", to_plain(dcfg), cfg.seed, str(teacher), files=[corpus_dir, student_dir],
     )
     result = train(
         module=student, compute_loss=compute_loss, examples=sequences, collate=collator, cfg=dcfg.train,
@@ -169,7 +168,7 @@ def run(
         return result.as_metrics()  # evaluation and outputs are rank 0's
     # Both models are scored in fp32 on the same masks, whatever precision the teacher trained in.
     accuracy = masked_token_accuracy(
-        {"student": student, "teacher": teacher.float()}, corpus.sequences("heldout", dcfg.max_seq_length),
+        {"student": student, "teacher": teacher_model.float()}, corpus.sequences("heldout", dcfg.max_seq_length),
         collator, seed=cfg.seed, device=device,
     )
     metrics = {
@@ -182,7 +181,7 @@ def run(
         "n_train_tokens": sequences.n_tokens_total(),
         "max_tokens_per_batch": max_tokens,
         "n_student_parameters": student.num_parameters(),
-        "n_teacher_parameters": teacher.num_parameters(),
+        "n_teacher_parameters": teacher_model.num_parameters(),
         "loss_weights": loss_weights(dcfg),
         "temperature": dcfg.temperature,
     }
@@ -191,23 +190,16 @@ def run(
         tokenizer.save_pretrained(tmp)
         shutil.copy(work_dir / "train_log.jsonl", tmp / "train_log.jsonl")
         atomic_write_json(tmp / "metrics.json", metrics)
-        write_model_card(mlm_student_card(cfg, metrics, student_dir, str(teacher_source), corpus_dir, str(out_dir)), tmp)
+        write_model_card(mlm_student_card(cfg, metrics, student_dir, str(teacher), corpus_dir, str(out_dir)), tmp)
     logger.info("distill_pretrain: %s", json.dumps(metrics))
     return metrics
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline distill-pretrain", description=__doc__)
-    parser.add_argument("--config-json", required=True)
-    parser.add_argument("--student-dir", required=True, type=Path, help="output of init_student")
-    parser.add_argument("--teacher", required=True, help="teacher_pretrain output directory or a hub BERT name")
-    parser.add_argument("--corpus-dir", required=True, type=Path, help="output of tokenize_corpus")
-    parser.add_argument("--out-dir", required=True, type=Path)
-    parser.add_argument("--work-dir", required=True, type=Path, help="checkpoints and live training log")
-    parser.add_argument("--node-local-dir", default="", help="copy the corpus's ids.bin to this node-local folder "
-                        "and read it there ('': read it in place)")
-    args = parser.parse_args(argv)
-    setup_logging()
-    run(config_from_json(args.config_json), args.student_dir, args.teacher, args.corpus_dir, args.out_dir,
-        args.work_dir, args.node_local_dir or None)
-    return 0
+# `python -m pipeline distill-pretrain`: run()'s parameters as flags (pipeline/stage_cli.py), with this help.
+FLAG_HELP = {
+    "student_dir": "output of init_student",
+    "teacher": "teacher_pretrain output directory or a hub BERT name",
+    "corpus_dir": "output of tokenize_corpus",
+    "work_dir": "checkpoints and live training log",
+    "node_local_dir": "copy the corpus's ids.bin to this node-local folder and read it there ('': read it in place)",
+}

@@ -11,7 +11,6 @@ second distillation step adds.
 
 from __future__ import annotations
 
-import argparse
 import inspect
 import json
 import logging
@@ -28,9 +27,9 @@ from transformers import AutoModelForMaskedLM, AutoTokenizer, BertForQuestionAns
 from pipeline import qa
 from pipeline.augment import augment_windows
 from pipeline.artifacts import atomic_output_dir, atomic_write_json, atomic_write_text, fingerprint, read_json
-from pipeline.artifacts import setup_logging, to_plain
+from pipeline.artifacts import to_plain
 from pipeline.artifacts import verify_input_dirs
-from pipeline.config import ConfigError, PipelineConfig, config_from_json
+from pipeline.config import ConfigError, PipelineConfig
 from pipeline.data import load_squad
 from pipeline.model_card import qa_student_card, write_model_card
 from pipeline.squad_objectives import SquadDistillationLoss, distillation_plan, logits_suffice, training_phases
@@ -196,13 +195,17 @@ def run(
     data_dir: Path,
     out_dir: Path,
     work_dir: Path,
-    mlm_teacher: str | Path | None = None,
+    mlm_teacher_dir: str | Path | None = None,
+    ce_only: bool = False,
 ) -> dict:
-    """Train the student on SQuAD; with teacher_dir None, plain CE (the student_finetune baseline).
+    """Train the student on SQuAD from teacher_dir; with ce_only (and no teacher), plain CE: the student_finetune
+    baseline.
 
-    ``mlm_teacher`` (a directory or hub name of a masked-LM with the student's vocabulary) is needed when
+    ``mlm_teacher_dir`` (a directory or hub name of a masked-LM with the student's vocabulary) is needed when
     distill_squad.augmentation.copies > 0.
     """
+    if ce_only == (teacher_dir is not None):
+        raise ConfigError("distill_squad: give exactly one of the teacher (--teacher-dir) and ce_only (--ce-only)")
     verify_input_dirs(student_dir, teacher_dir, data_dir)
     dcfg = cfg.distill_squad
     device = prepare_run(dcfg.train, cfg.seed)
@@ -225,10 +228,10 @@ def run(
     n_gold_windows = len(windows["input_ids"])
     augment = teacher is not None and dcfg.augmentation.copies > 0
     if augment:
-        if mlm_teacher is None:
+        if mlm_teacher_dir is None:
             raise ConfigError("distill_squad.augmentation.copies > 0 needs the masked-LM teacher (--mlm-teacher-dir)")
-        windows = add_augmented_windows(windows, mlm_teacher, tokenizer, cfg, device)
-    local_mlm = [Path(mlm_teacher)] if augment and Path(mlm_teacher).is_dir() else []
+        windows = add_augmented_windows(windows, mlm_teacher_dir, tokenizer, cfg, device)
+    local_mlm = [Path(mlm_teacher_dir)] if augment and Path(mlm_teacher_dir).is_dir() else []
     local_student = Path(student_dir).exists()
     run_id = fingerprint(
         "distill_squad" if teacher else "student_finetune", to_plain(dcfg), to_plain(cfg.squad), cfg.seed,
@@ -319,22 +322,11 @@ def run(
     return metrics
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline distill-squad", description=__doc__)
-    parser.add_argument("--config-json", required=True)
-    parser.add_argument("--student-dir", required=True,
-                        help="output of distill_pretrain, or student.pretrained (a folder or a hub name)")
-    parser.add_argument("--teacher-dir", type=Path, default=None, help="output of teacher_finetune")
-    parser.add_argument("--ce-only", action="store_true", help="no teacher: the student_finetune baseline")
-    parser.add_argument("--mlm-teacher-dir", default=None,
-                        help="masked-LM teacher for distill_squad.augmentation (a directory or hub name)")
-    parser.add_argument("--data-dir", required=True, type=Path)
-    parser.add_argument("--out-dir", required=True, type=Path)
-    parser.add_argument("--work-dir", required=True, type=Path, help="checkpoints, teacher-logit cache, live log")
-    args = parser.parse_args(argv)
-    if args.ce_only == (args.teacher_dir is not None):
-        parser.error("give exactly one of --teacher-dir and --ce-only")
-    setup_logging()
-    run(config_from_json(args.config_json), args.student_dir, args.teacher_dir, args.data_dir, args.out_dir,
-        args.work_dir, args.mlm_teacher_dir)
-    return 0
+# `python -m pipeline distill-squad`: run()'s parameters as flags (pipeline/stage_cli.py), with this help.
+FLAG_HELP = {
+    "student_dir": "output of distill_pretrain, or student.pretrained (a folder or a hub name)",
+    "teacher_dir": "output of teacher_finetune",
+    "ce_only": "no teacher: the student_finetune baseline",
+    "mlm_teacher_dir": "masked-LM teacher for distill_squad.augmentation (a directory or hub name)",
+    "work_dir": "checkpoints, teacher-logit cache, live log",
+}

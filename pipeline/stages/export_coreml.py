@@ -14,7 +14,6 @@ inside too (tokens after the first [SEP] are segment 1), so every package has th
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 from pathlib import Path
@@ -22,9 +21,9 @@ from pathlib import Path
 import torch
 
 from pipeline import qa, squad
-from pipeline.artifacts import atomic_output_dir, atomic_write_json, directory_size_bytes, megabytes, setup_logging
+from pipeline.artifacts import atomic_output_dir, atomic_write_json, directory_size_bytes, megabytes
 from pipeline.artifacts import verify_input_dirs
-from pipeline.config import PipelineConfig, config_from_json
+from pipeline.config import PipelineConfig
 from pipeline.export.coreml import (MASKED_SCORE, check_lengths, check_package, compress, convert, load_wrapped,
                                     proxy_predictions, read_package, weight_matrix_count)
 from pipeline.gates import compressed_model_report, enforce_if_strict, gate_questions
@@ -81,15 +80,3 @@ def run(cfg: PipelineConfig, model_dir: Path, data_dir: Path | None, out_dir: Pa
     logger.info("export_coreml %s: %s", model_dir, json.dumps(metrics))
     return metrics
 
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline export-coreml", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config-json", required=True)
-    parser.add_argument("--model-dir", required=True, type=Path)
-    parser.add_argument("--data-dir", required=True, type=Path)
-    parser.add_argument("--out-dir", required=True, type=Path)
-    args = parser.parse_args(argv)
-    setup_logging()
-    run(config_from_json(args.config_json), args.model_dir, args.data_dir, args.out_dir)
-    return 0

@@ -14,16 +14,15 @@ Fusions and logit parity (on random token windows) are checked as in export_onnx
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import logging
 from pathlib import Path
 
-from pipeline.artifacts import atomic_output_dir, atomic_write_json, directory_size_bytes, megabytes, setup_logging
-from pipeline.config import PipelineConfig, config_from_json
+from pipeline.artifacts import atomic_output_dir, atomic_write_json, directory_size_bytes, megabytes
+from pipeline.config import PipelineConfig
 from pipeline.export import int8
-from pipeline.export.full_size import (ARCHITECTURES, PARITY_WINDOWS, build_int8_recipes, export_coreml_packages,
+from pipeline.export.full_size import (PARITY_WINDOWS, Architecture, build_int8_recipes, export_coreml_packages,
                                        random_windows, save_full_size, torch_logits)
 from pipeline.export.onnx_graph import MODEL_FILE, check_fusions, export_fp32, max_logit_difference, optimize_graph
 from pipeline.gates import enforce_if_strict, logit_parity_report
@@ -31,7 +30,7 @@ from pipeline.gates import enforce_if_strict, logit_parity_report
 logger = logging.getLogger(__name__)
 
 
-def run(cfg: PipelineConfig, architecture: str, out_dir: Path) -> dict:
+def run(cfg: PipelineConfig, architecture: Architecture, out_dir: Path) -> dict:
     full_size_cfg = cfg.export.full_size
     settings = int8.quantization_settings(cfg.export.quantize)
     pretrained = (full_size_cfg.distilbert_pretrained if architecture == "distilbert"
@@ -96,14 +95,3 @@ def run(cfg: PipelineConfig, architecture: str, out_dir: Path) -> dict:
     logger.info("export_full_size %s: %s", architecture, json.dumps(metrics))
     return metrics
 
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline export-full-size", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config-json", required=True)
-    parser.add_argument("--architecture", required=True, choices=ARCHITECTURES)
-    parser.add_argument("--out-dir", required=True, type=Path)
-    args = parser.parse_args(argv)
-    setup_logging()
-    run(config_from_json(args.config_json), args.architecture, args.out_dir)
-    return 0

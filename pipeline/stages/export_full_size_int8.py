@@ -9,15 +9,13 @@ full_size_int8.json (architecture, recipe, path, size).
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import shutil
 from pathlib import Path
 
-from pipeline.artifacts import (atomic_output_dir, atomic_write_json, directory_size_bytes, megabytes, read_json,
-                                setup_logging)
-from pipeline.config import PipelineConfig, config_from_json
+from pipeline.artifacts import atomic_output_dir, atomic_write_json, directory_size_bytes, megabytes, read_json
+from pipeline.config import PipelineConfig
 from pipeline.export import int8
 from pipeline.export.full_size import build_int8_recipes
 from pipeline.export.onnx_graph import MODEL_FILE
@@ -44,14 +42,8 @@ def run(cfg: PipelineConfig, full_size_dir: Path, choice_path: Path, out_dir: Pa
     return metrics
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline export-full-size-int8", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config-json", required=True)
-    parser.add_argument("--full-size-dir", required=True, type=Path, help="export_full_size's folder")
-    parser.add_argument("--choice", required=True, type=Path, help="int8_search's choice.json")
-    parser.add_argument("--out-dir", required=True, type=Path)
-    args = parser.parse_args(argv)
-    setup_logging()
-    run(config_from_json(args.config_json), args.full_size_dir, args.choice, args.out_dir)
-    return 0
+# `python -m pipeline export-full-size-int8`: run()'s parameters as flags (pipeline/stage_cli.py), with this help.
+FLAG_HELP = {
+    "full_size_dir": "export_full_size's folder",
+    "choice_path": "int8_search's choice.json",
+}

@@ -8,12 +8,11 @@ this machine's int8 matrix-multiply speed.
 
 from __future__ import annotations
 
-import argparse
 import logging
 from pathlib import Path
 
-from pipeline.artifacts import atomic_output_dir, atomic_write_json, setup_logging
-from pipeline.config import PipelineConfig, config_from_json
+from pipeline.artifacts import atomic_output_dir, atomic_write_json
+from pipeline.config import PipelineConfig
 from pipeline.export.gemm_floor import gemm_floor_graph
 from pipeline.export.int8 import NAIVE
 from pipeline.export.onnx_graph import MODEL_FILE
@@ -32,14 +31,8 @@ def run(cfg: PipelineConfig, full_size_dir: Path, sequence_length: int, out_dir:
     return metrics
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline export-gemm-floor", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config-json", required=True)
-    parser.add_argument("--full-size-dir", required=True, type=Path, help="export_full_size's distilbert folder")
-    parser.add_argument("--sequence-length", required=True, type=int, help="tokens of the activations it is fed")
-    parser.add_argument("--out-dir", required=True, type=Path)
-    args = parser.parse_args(argv)
-    setup_logging()
-    run(config_from_json(args.config_json), args.full_size_dir, args.sequence_length, args.out_dir)
-    return 0
+# `python -m pipeline export-gemm-floor`: run()'s parameters as flags (pipeline/stage_cli.py), with this help.
+FLAG_HELP = {
+    "full_size_dir": "export_full_size's distilbert folder",
+    "sequence_length": "tokens of the activations it is fed",
+}

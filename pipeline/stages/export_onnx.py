@@ -18,15 +18,14 @@ BERT, DistilBERT and ELECTRA; no Attention in MobileBERT).
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 from pathlib import Path
 
 from pipeline import onnx_qa, qa, squad
-from pipeline.artifacts import atomic_output_dir, atomic_write_json, directory_size_bytes, megabytes, setup_logging
+from pipeline.artifacts import atomic_output_dir, atomic_write_json, directory_size_bytes, megabytes
 from pipeline.artifacts import verify_input_dirs
-from pipeline.config import PipelineConfig, config_from_json
+from pipeline.config import PipelineConfig
 from pipeline.export.onnx_graph import (MODEL_FILE, check_fusions, export_fp32, max_logit_difference, optimize_graph,
                                         windows_from_features)
 from pipeline.gates import agreement_gate, enforce_if_strict, gate_questions, logit_parity_report
@@ -100,14 +99,8 @@ def run(cfg: PipelineConfig, model_dir: Path, data_dir: Path, out_dir: Path) -> 
     return metrics
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline export-onnx", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config-json", required=True)
-    parser.add_argument("--model-dir", required=True, type=Path, help="a trained QA model (save_pretrained folder)")
-    parser.add_argument("--data-dir", required=True, type=Path, help="output of prepare_data (dev.jsonl)")
-    parser.add_argument("--out-dir", required=True, type=Path)
-    args = parser.parse_args(argv)
-    setup_logging()
-    run(config_from_json(args.config_json), args.model_dir, args.data_dir, args.out_dir)
-    return 0
+# `python -m pipeline export-onnx`: run()'s parameters as flags (pipeline/stage_cli.py), with this help.
+FLAG_HELP = {
+    "model_dir": "a trained QA model (save_pretrained folder)",
+    "data_dir": "output of prepare_data (dev.jsonl)",
+}

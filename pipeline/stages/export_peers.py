@@ -13,17 +13,17 @@ preset): the benchmark still runs without it.
 
 from __future__ import annotations
 
-import argparse
 import logging
 from pathlib import Path
 
-from pipeline.artifacts import atomic_output_dir, atomic_write_json, cpu_description, read_json, setup_logging
-from pipeline.config import ConfigError, PipelineConfig, config_from_json
+from pipeline.artifacts import atomic_output_dir, atomic_write_json, cpu_description, read_json
+from pipeline.config import ConfigError, PipelineConfig
 from pipeline.export import peers
 
 logger = logging.getLogger(__name__)
 
-def run(cfg: PipelineConfig, full_size_dir: Path, peer_names: list[str], out_dir: Path) -> dict:
+def run(cfg: PipelineConfig, full_size_dir: Path, peers: str, out_dir: Path) -> dict:
+    peer_names = [name for name in peers.split(",") if name]
     unknown = sorted(set(peer_names) - {peers.TORCH_PEER, peers.ORT_PEER})
     if unknown:
         raise ConfigError(f"--peers: unknown peers {unknown} (known: {peers.TORCH_PEER}, {peers.ORT_PEER})")
@@ -52,14 +52,8 @@ def run(cfg: PipelineConfig, full_size_dir: Path, peer_names: list[str], out_dir
     return metrics
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline export-peers", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config-json", required=True)
-    parser.add_argument("--full-size-dir", required=True, type=Path, help="output of export_full_size")
-    parser.add_argument("--peers", required=True, nargs="+", help="the peers to build")
-    parser.add_argument("--out-dir", required=True, type=Path)
-    args = parser.parse_args(argv)
-    setup_logging()
-    run(config_from_json(args.config_json), args.full_size_dir, args.peers, args.out_dir)
-    return 0
+# `python -m pipeline export-peers`: run()'s parameters as flags (pipeline/stage_cli.py), with this help.
+FLAG_HELP = {
+    "full_size_dir": "output of export_full_size",
+    "peers": "the peers to build, comma-separated",
+}

@@ -7,15 +7,15 @@ With `student.init: teacher` its embeddings, its layers (copied from teacher lay
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 from pathlib import Path
+from typing import Literal
 
 from transformers import AutoTokenizer, BertForMaskedLM
 
-from pipeline.artifacts import atomic_output_dir, atomic_write_json, setup_logging, verify_input_dirs
-from pipeline.config import PipelineConfig, config_from_json
+from pipeline.artifacts import atomic_output_dir, atomic_write_json, verify_input_dirs
+from pipeline.config import PipelineConfig
 from pipeline.students import (
     init_student_from_teacher,
     random_student,
@@ -26,28 +26,29 @@ from pipeline.students import (
 logger = logging.getLogger(__name__)
 
 
-def run(cfg: PipelineConfig, teacher_source: str, tokenizer_dir: Path, out_dir: Path, init: str | None = None) -> dict:
-    verify_input_dirs(teacher_source, tokenizer_dir)
+def run(cfg: PipelineConfig, teacher: str, tokenizer_dir: Path, out_dir: Path,
+        init: Literal["teacher", "random"] | None = None) -> dict:
+    verify_input_dirs(teacher, tokenizer_dir)
     init = init or cfg.student.init
-    teacher = BertForMaskedLM.from_pretrained(teacher_source)
-    n_layers = cfg.student.n_layers or max(1, teacher.config.num_hidden_layers // 2)
-    teacher_layers = validate_student_against_teacher(teacher.config, n_layers, cfg.student.layer_mapping)
-    student_config = student_config_from_teacher(teacher.config, n_layers)
+    teacher_model = BertForMaskedLM.from_pretrained(teacher)
+    n_layers = cfg.student.n_layers or max(1, teacher_model.config.num_hidden_layers // 2)
+    teacher_layers = validate_student_against_teacher(teacher_model.config, n_layers, cfg.student.layer_mapping)
+    student_config = student_config_from_teacher(teacher_model.config, n_layers)
     if init == "teacher":
         student = init_student_from_teacher(
-            teacher, student_config, teacher_layers,
+            teacher_model, student_config, teacher_layers,
             fold_token_type_into_positions=cfg.student.fold_token_type_into_positions,
         )
     else:
         student = random_student(student_config, seed=cfg.seed)
     metrics = {
         "init": init,
-        "teacher": teacher_source,
-        "n_teacher_layers": teacher.config.num_hidden_layers,
+        "teacher": teacher,
+        "n_teacher_layers": teacher_model.config.num_hidden_layers,
         "n_student_layers": n_layers,
         "teacher_layers_for_student_layers": teacher_layers if init == "teacher" else None,
         "n_parameters": student.num_parameters(),
-        "n_teacher_parameters": teacher.num_parameters(),
+        "n_teacher_parameters": teacher_model.num_parameters(),
     }
     with atomic_output_dir(out_dir, cfg) as tmp:
         student.save_pretrained(tmp, safe_serialization=True)
@@ -57,14 +58,8 @@ def run(cfg: PipelineConfig, teacher_source: str, tokenizer_dir: Path, out_dir: 
     return metrics
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline init-student", description=__doc__)
-    parser.add_argument("--config-json", required=True)
-    parser.add_argument("--teacher", required=True, help="teacher_pretrain output directory or a hub BERT name")
-    parser.add_argument("--tokenizer-dir", required=True, type=Path)
-    parser.add_argument("--out-dir", required=True, type=Path)
-    parser.add_argument("--init", choices=["teacher", "random"], default=None, help="default: student.init")
-    args = parser.parse_args(argv)
-    setup_logging()
-    run(config_from_json(args.config_json), args.teacher, args.tokenizer_dir, args.out_dir, args.init)
-    return 0
+# `python -m pipeline init-student`: run()'s parameters as flags (pipeline/stage_cli.py), with this help.
+FLAG_HELP = {
+    "teacher": "teacher_pretrain output directory or a hub BERT name",
+    "init": "default: student.init",
+}

@@ -11,13 +11,12 @@ recipe rebuilds nothing. The rule takes every core Snakemake has, so nothing run
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 from pathlib import Path
 
-from pipeline.artifacts import atomic_write_json, setup_logging
-from pipeline.config import PipelineConfig, config_from_json
+from pipeline.artifacts import atomic_write_json
+from pipeline.config import PipelineConfig
 from pipeline.export.int8 import search_int8
 
 logger = logging.getLogger(__name__)
@@ -33,14 +32,7 @@ def run(cfg: PipelineConfig, root: Path, out_dir: Path) -> dict:
     return search
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline int8-search", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config-json", required=True)
-    parser.add_argument("--root", required=True, type=Path,
-                        help="the pipeline's output root (its full_size/distilbert and quantized/* folders)")
-    parser.add_argument("--out-dir", required=True, type=Path)
-    args = parser.parse_args(argv)
-    setup_logging()
-    run(config_from_json(args.config_json), args.root, args.out_dir)
-    return 0
+# `python -m pipeline int8-search`: run()'s parameters as flags (pipeline/stage_cli.py), with this help.
+FLAG_HELP = {
+    "root": "the pipeline's output root (its full_size/distilbert and quantized/* folders)",
+}

@@ -10,7 +10,6 @@ questions and no corpus.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import shutil
@@ -19,8 +18,8 @@ from pathlib import Path
 import datasets
 
 from pipeline import synthetic
-from pipeline.artifacts import atomic_output_dir, atomic_write_json, setup_logging
-from pipeline.config import ConfigError, PipelineConfig, config_from_json
+from pipeline.artifacts import atomic_output_dir, atomic_write_json
+from pipeline.config import ConfigError, PipelineConfig
 from pipeline.corpus import GENERATED_CORPUS_FILE, corpus_source, iter_documents
 from pipeline.data import DataError, load_squad
 from pipeline.data_sources import deploy_dev_source, looks_like_a_path
@@ -169,12 +168,3 @@ def world_spec(cfg: PipelineConfig) -> synthetic.SyntheticWorldSpec:
         n_corpus_paragraphs=cfg.data.synthetic.n_corpus_paragraphs,
     )
 
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline prepare-data", description=__doc__)
-    parser.add_argument("--config-json", required=True, help="the pipeline config (or its relevant sections) as JSON")
-    parser.add_argument("--out-dir", required=True, type=Path)
-    args = parser.parse_args(argv)
-    setup_logging()
-    run(config_from_json(args.config_json), args.out_dir)
-    return 0

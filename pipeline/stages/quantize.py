@@ -25,7 +25,6 @@ over the recipes that passed on every trained model).
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import shutil
@@ -33,9 +32,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 from pipeline import onnx_qa, squad
-from pipeline.artifacts import atomic_output_dir, atomic_write_json, directory_size_bytes, megabytes, read_json, setup_logging
+from pipeline.artifacts import atomic_output_dir, atomic_write_json, directory_size_bytes, megabytes, read_json
 from pipeline.artifacts import verify_input_dirs
-from pipeline.config import PipelineConfig, config_from_json
+from pipeline.config import PipelineConfig
 from pipeline.export.int8 import (MODEL_FILE, NAIVE, build_variants, choose_bundle_variant, int8_recipes,
                                   quantization_settings, weight_storage)
 from pipeline.gates import compressed_model_report, enforce_if_strict, gate_questions
@@ -138,16 +137,9 @@ def calibration_windows(data_dir: Path, onnx_dir: Path, cfg: PipelineConfig,
     return answerer.windows(questions), f"{len(questions)} {where}"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline quantize-onnx", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config-json", required=True)
-    parser.add_argument("--onnx-dir", required=True, type=Path, help="output of export_onnx")
-    parser.add_argument("--model-dir", required=True, type=Path, help="the PyTorch model (its dev predictions and F1)")
-    parser.add_argument("--data-dir", required=True, type=Path)
-    parser.add_argument("--out-dir", required=True, type=Path)
-    parser.add_argument("--threads", type=int, default=1, help="onnxruntime threads for dev scoring")
-    args = parser.parse_args(argv)
-    setup_logging()
-    run(config_from_json(args.config_json), args.onnx_dir, args.model_dir, args.data_dir, args.out_dir, args.threads)
-    return 0
+# `python -m pipeline quantize-onnx`: run()'s parameters as flags (pipeline/stage_cli.py), with this help.
+FLAG_HELP = {
+    "onnx_dir": "output of export_onnx",
+    "model_dir": "the PyTorch model (its dev predictions and F1)",
+    "threads": "onnxruntime threads for dev scoring",
+}

@@ -6,13 +6,12 @@ report computes ratios and draws, it measures nothing itself.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 from pathlib import Path
 
-from pipeline.artifacts import atomic_write_json, bundled_model, exported_models, atomic_write_text, read_json, setup_logging
-from pipeline.config import PipelineConfig, config_from_json
+from pipeline.artifacts import atomic_write_json, bundled_model, exported_models, atomic_write_text, read_json
+from pipeline.config import PipelineConfig
 
 logger = logging.getLogger(__name__)
 
@@ -618,34 +617,30 @@ def with_web_timings(benchmark: dict, web_benchmark_path: Path | None) -> dict:
             "skipped_timings": benchmark.get("skipped_timings", []) + web.get("skipped", [])}
 
 
-def run(cfg: PipelineConfig, root: Path, benchmark_path: Path, out_dir: Path,
-        web_benchmark_path: Path | None = None) -> dict:
+def run(cfg: PipelineConfig, root: Path, benchmark: Path, out_dir: Path, web_benchmark: Path | None = None) -> dict:
+    """The report from rule benchmark's benchmark.json (`benchmark`) and rule benchmark_web's JSON (`web_benchmark`,
+    when the JavaScript timings ran)."""
     import jsonschema
 
-    benchmark = with_web_timings(read_json(benchmark_path), web_benchmark_path)
+    measured = with_web_timings(read_json(benchmark), web_benchmark)
     out_dir.mkdir(parents=True, exist_ok=True)
-    summary_data = summary(cfg, root, benchmark)
+    summary_data = summary(cfg, root, measured)
     schema = read_json(Path(__file__).resolve().parents[2] / "configs" / "summary.schema.json")
     jsonschema.validate(summary_data, schema)  # other tools read this file: never write one off its schema
     full_size = {a: read_json(root / "full_size" / a / "full_size.json") for a in cfg.export.full_size.architectures}
     longest = max(cfg.benchmark.sequence_lengths)
-    goal_rows = goals(summary_data, benchmark, full_size, longest)
+    goal_rows = goals(summary_data, measured, full_size, longest)
     plot_accuracy(summary_data, out_dir, min(cfg.benchmark.sequence_lengths))
     if not cfg.deploy.model:
         plot_losses(root, out_dir)
-    atomic_write_text(out_dir / "report.md", report_markdown(cfg, summary_data, benchmark, goal_rows))
+    atomic_write_text(out_dir / "report.md", report_markdown(cfg, summary_data, measured, goal_rows))
     atomic_write_json(out_dir / "summary.json", summary_data)  # last: its presence means the report is complete
     return summary_data
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline report", description=__doc__)
-    parser.add_argument("--config-json", required=True)
-    parser.add_argument("--root", required=True, type=Path, help="the pipeline's output root (artifacts/)")
-    parser.add_argument("--benchmark", required=True, type=Path, help="benchmark.json of rule benchmark")
-    parser.add_argument("--web-benchmark", type=Path, help="benchmark_web.json of rule benchmark_web (optional)")
-    parser.add_argument("--out-dir", required=True, type=Path)
-    args = parser.parse_args(argv)
-    setup_logging()
-    run(config_from_json(args.config_json), args.root, args.benchmark, args.out_dir, args.web_benchmark)
-    return 0
+# `python -m pipeline report`: run()'s parameters as flags (pipeline/stage_cli.py), with this help.
+FLAG_HELP = {
+    "root": "the pipeline's output root (artifacts/)",
+    "benchmark": "benchmark.json of rule benchmark",
+    "web_benchmark": "benchmark_web.json of rule benchmark_web (optional)",
+}

@@ -19,15 +19,14 @@ replaced; TinyBERT runs its two steps (intermediate layers, then prediction laye
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 from pathlib import Path
 
 import numpy as np
 
-from pipeline.artifacts import atomic_write_json, atomic_write_text, read_json, setup_logging
-from pipeline.config import PipelineConfig, config_from_json
+from pipeline.artifacts import atomic_write_json, atomic_write_text, read_json
+from pipeline.config import PipelineConfig
 from pipeline.squad_objectives import BASELINE
 from pipeline.statistics import bootstrap_standard_error, per_question_f1, t_interval
 
@@ -118,15 +117,8 @@ def run(cfg: PipelineConfig, runs_dir: Path, data_dir: Path, teacher_dir: Path |
     return summary
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline study-summary", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config-json", required=True)
-    parser.add_argument("--runs-dir", required=True, type=Path, help="artifacts/study: <variant>/seed<N>/ per run")
-    parser.add_argument("--data-dir", required=True, type=Path)
-    parser.add_argument("--teacher-dir", type=Path, help="teacher_finetune output (its dev F1)")
-    parser.add_argument("--out-dir", required=True, type=Path)
-    args = parser.parse_args(argv)
-    setup_logging()
-    run(config_from_json(args.config_json), args.runs_dir, args.data_dir, args.teacher_dir, args.out_dir)
-    return 0
+# `python -m pipeline study-summary`: run()'s parameters as flags (pipeline/stage_cli.py), with this help.
+FLAG_HELP = {
+    "runs_dir": "artifacts/study: <variant>/seed<N>/ per run",
+    "teacher_dir": "teacher_finetune output (its dev F1)",
+}

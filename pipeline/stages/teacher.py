@@ -9,7 +9,6 @@ evaluated. Both write a save_pretrained directory (safetensors, with the tokeniz
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import shutil
@@ -19,9 +18,9 @@ from transformers import AutoTokenizer, BertConfig, BertForMaskedLM, BertForQues
 
 from pipeline import qa
 from pipeline.artifacts import (
-    atomic_output_dir, atomic_write_json, fingerprint, setup_logging, to_plain, verify_input_dirs,
+    atomic_output_dir, atomic_write_json, fingerprint, to_plain, verify_input_dirs,
 )
-from pipeline.config import PipelineConfig, config_from_json
+from pipeline.config import PipelineConfig
 from pipeline.data import load_squad
 from pipeline.losses import masked_lm_loss
 from pipeline.model_card import mlm_teacher_card, qa_teacher_card, write_model_card
@@ -167,34 +166,11 @@ def run_finetune(
     return metrics
 
 
-def main_pretrain(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline teacher-pretrain", description=run_pretrain.__doc__)
-    parser.add_argument("--config-json", required=True)
-    parser.add_argument("--corpus-dir", required=True, type=Path, help="output of tokenize_corpus")
-    parser.add_argument("--tokenizer-dir", required=True, type=Path)
-    parser.add_argument("--out-dir", required=True, type=Path)
-    parser.add_argument("--work-dir", required=True, type=Path, help="checkpoints and live training log")
-    parser.add_argument("--node-local-dir", default="", help="copy the corpus's ids.bin to this node-local folder "
-                        "and read it there ('': read it in place)")
-    args = parser.parse_args(argv)
-    setup_logging()
-    run_pretrain(config_from_json(args.config_json), args.corpus_dir, args.tokenizer_dir, args.out_dir, args.work_dir,
-                 args.node_local_dir or None)
-    return 0
-
-
-def main_finetune(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline teacher-finetune", description=run_finetune.__doc__)
-    parser.add_argument("--config-json", required=True)
-    parser.add_argument("--data-dir", required=True, type=Path)
-    parser.add_argument("--tokenizer-dir", required=True, type=Path)
-    parser.add_argument("--pretrained-dir", type=Path, default=None, help="output of teacher_pretrain, if any")
-    parser.add_argument("--out-dir", required=True, type=Path)
-    parser.add_argument("--work-dir", required=True, type=Path, help="checkpoints and live training log")
-    args = parser.parse_args(argv)
-    setup_logging()
-    run_finetune(
-        config_from_json(args.config_json), args.data_dir, args.tokenizer_dir, args.pretrained_dir, args.out_dir,
-        args.work_dir,
-    )
-    return 0
+# `python -m pipeline teacher-pretrain` and `teacher-finetune`: run_pretrain()'s and run_finetune()'s
+# parameters as flags (pipeline/stage_cli.py), with this help.
+FLAG_HELP = {
+    "corpus_dir": "output of tokenize_corpus",
+    "work_dir": "checkpoints and live training log",
+    "node_local_dir": "copy the corpus's ids.bin to this node-local folder and read it there ('': read it in place)",
+    "pretrained_dir": "output of teacher_pretrain, if any",
+}

@@ -9,19 +9,18 @@ rank, read these files and never tokenize or hash the corpus again.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 from pathlib import Path
 
-from pipeline.artifacts import atomic_output_dir, atomic_write_json, setup_logging, verify_input_dirs
-from pipeline.config import ConfigError, PipelineConfig, config_from_json
+from pipeline.artifacts import atomic_output_dir, atomic_write_json, verify_input_dirs
+from pipeline.config import ConfigError, PipelineConfig
 from pipeline.corpus import corpus_source, tokenize_corpus
 
 logger = logging.getLogger(__name__)
 
 
-def run(cfg: PipelineConfig, data_dir: Path, tokenizer_dir: Path, out_dir: Path, workers: int) -> dict:
+def run(cfg: PipelineConfig, data_dir: Path, tokenizer_dir: Path, out_dir: Path, workers: int = 1) -> dict:
     verify_input_dirs(data_dir, tokenizer_dir)
     tokenizer_file = Path(tokenizer_dir) / "tokenizer.json"
     if not tokenizer_file.is_file():
@@ -45,14 +44,8 @@ def _vocab_size(tokenizer_dir: Path) -> int:
     return len(AutoTokenizer.from_pretrained(tokenizer_dir))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline tokenize-corpus", description=__doc__)
-    parser.add_argument("--config-json", required=True)
-    parser.add_argument("--data-dir", required=True, type=Path, help="output of prepare_data")
-    parser.add_argument("--tokenizer-dir", required=True, type=Path)
-    parser.add_argument("--out-dir", required=True, type=Path)
-    parser.add_argument("--workers", type=int, default=1, help="tokenizing processes (the rule's threads)")
-    args = parser.parse_args(argv)
-    setup_logging()
-    run(config_from_json(args.config_json), args.data_dir, args.tokenizer_dir, args.out_dir, args.workers)
-    return 0
+# `python -m pipeline tokenize-corpus`: run()'s parameters as flags (pipeline/stage_cli.py), with this help.
+FLAG_HELP = {
+    "data_dir": "output of prepare_data",
+    "workers": "tokenizing processes (the rule's threads)",
+}

@@ -7,7 +7,6 @@ so AutoTokenizer and transformers.pipeline load it like any hub tokenizer.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 from pathlib import Path
@@ -16,8 +15,8 @@ from typing import Iterable, Iterator
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, BertTokenizerFast, PreTrainedTokenizerFast
 
-from pipeline.artifacts import atomic_output_dir, atomic_write_json, setup_logging, verify_input_dirs
-from pipeline.config import PipelineConfig, TokenizerConfig, config_from_json
+from pipeline.artifacts import atomic_output_dir, atomic_write_json, verify_input_dirs
+from pipeline.config import PipelineConfig, TokenizerConfig
 from pipeline.corpus import corpus_source, training_documents
 
 logger = logging.getLogger(__name__)
@@ -107,13 +106,3 @@ def run(cfg: PipelineConfig, data_dir: Path, out_dir: Path) -> dict:
     logger.info("tokenizer: %s", metrics)
     return metrics
 
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline tokenizer", description=__doc__)
-    parser.add_argument("--config-json", required=True)
-    parser.add_argument("--data-dir", required=True, type=Path)
-    parser.add_argument("--out-dir", required=True, type=Path)
-    args = parser.parse_args(argv)
-    setup_logging()
-    run(config_from_json(args.config_json), args.data_dir, args.out_dir)
-    return 0
