@@ -18,32 +18,32 @@ from pathlib import Path
 
 from pipeline.artifacts import atomic_output_dir, atomic_write_json, cpu_description, read_json
 from pipeline.config import ConfigError, PipelineConfig
-from pipeline.export import peers
+from pipeline.export import peers as peer_paths
 
 logger = logging.getLogger(__name__)
 
 def run(cfg: PipelineConfig, full_size_dir: Path, peers: str, out_dir: Path) -> dict:
     peer_names = [name for name in peers.split(",") if name]
-    unknown = sorted(set(peer_names) - {peers.TORCH_PEER, peers.ORT_PEER})
+    unknown = sorted(set(peer_names) - {peer_paths.TORCH_PEER, peer_paths.ORT_PEER})
     if unknown:
-        raise ConfigError(f"--peers: unknown peers {unknown} (known: {peers.TORCH_PEER}, {peers.ORT_PEER})")
+        raise ConfigError(f"--peers: unknown peers {unknown} (known: {peer_paths.TORCH_PEER}, {peer_paths.ORT_PEER})")
     architecture = read_json(full_size_dir / "full_size.json")["architecture"]
     built, skipped = {}, {}
     with atomic_output_dir(out_dir, cfg) as tmp:
-        if peers.TORCH_PEER in peer_names:
-            logger.info("sizing %s/%s on every quantized engine", architecture, peers.TORCH_PEER)
-            built[peers.TORCH_PEER] = {"size_mb_by_engine": peers.torch_peer_megabytes(full_size_dir / "pytorch")}
-        if peers.ORT_PEER in peer_names:
+        if peer_paths.TORCH_PEER in peer_names:
+            logger.info("sizing %s/%s on every quantized engine", architecture, peer_paths.TORCH_PEER)
+            built[peer_paths.TORCH_PEER] = {"size_mb_by_engine": peer_paths.torch_peer_megabytes(full_size_dir / "pytorch")}
+        if peer_paths.ORT_PEER in peer_names:
             try:
-                preset = peers.ort_preset(cpu_description()["simd_flags"])
+                preset = peer_paths.ort_preset(cpu_description()["simd_flags"])
             except ValueError as error:  # a CPU optimum has no preset for: the rest of the benchmark still runs
-                skipped[f"{architecture}/{peers.ORT_PEER}"] = str(error)
-                logger.warning("not built: %s/%s: %s", architecture, peers.ORT_PEER, error)
+                skipped[f"{architecture}/{peer_paths.ORT_PEER}"] = str(error)
+                logger.warning("not built: %s/%s: %s", architecture, peer_paths.ORT_PEER, error)
             else:
-                logger.info("building %s/%s with the %s preset", architecture, peers.ORT_PEER, preset)
-                path, settings = peers.build_ortquantizer_int8(full_size_dir / "onnx" / "fp32", tmp / peers.ORT_PEER,
+                logger.info("building %s/%s with the %s preset", architecture, peer_paths.ORT_PEER, preset)
+                path, settings = peer_paths.build_ortquantizer_int8(full_size_dir / "onnx" / "fp32", tmp / peer_paths.ORT_PEER,
                                                                preset)
-                built[peers.ORT_PEER] = {
+                built[peer_paths.ORT_PEER] = {
                     "path": str(path.relative_to(tmp)), "precision": f"int8-ortquantizer-{preset}",
                     "quantization": settings,
                     "tool": f"optimum ORTQuantizer, AutoQuantizationConfig.{preset}(is_static=False)"}
