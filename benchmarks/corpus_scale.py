@@ -36,7 +36,9 @@ from typing import Any, Iterator
 
 import yaml
 
-from pipeline.artifacts import atomic_write_json, cpu_description, library_versions
+from pipeline.artifacts import atomic_write_json
+from pipeline.machine import cpu_description
+from pipeline.manifests import library_versions
 from pipeline.generated_corpus import generate_corpus
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

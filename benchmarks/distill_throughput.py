@@ -76,7 +76,8 @@ import transformers
 import yaml
 from transformers import BertConfig, BertForMaskedLM
 
-from pipeline.artifacts import atomic_write_json, cpu_description
+from pipeline.artifacts import atomic_write_json
+from pipeline.machine import cpu_description
 from pipeline.config import DistillPretrainConfig, TrainConfig, load_config
 from pipeline.corpus import TokenizedCorpus, token_budget_batches
 from pipeline.masking import selection_weights_from_counts

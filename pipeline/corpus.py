@@ -32,7 +32,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from pipeline.artifacts import read_manifest
+from pipeline.manifests import read_manifest
 from pipeline.config import ConfigError, DataConfig
 from pipeline.data_sources import looks_like_a_path
 

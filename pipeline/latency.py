@@ -14,9 +14,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime
 
-from pipeline import artifacts
 
-cpu_description = artifacts.cpu_description  # shared with every stage's metrics.json
 
 
 # Session option sets the int8 search tries beside onnxruntime's defaults (benchmark.session_options).

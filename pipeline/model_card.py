@@ -13,7 +13,9 @@ from pathlib import Path
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from pipeline.artifacts import atomic_write_text, config_sha256, cpu_description, library_versions, read_json
+from pipeline.artifacts import atomic_write_text, read_json
+from pipeline.machine import cpu_description
+from pipeline.manifests import config_sha256, library_versions
 from pipeline.config import PipelineConfig
 from pipeline.data_sources import names_a_local_path
 from pipeline.export.model_types import display_name

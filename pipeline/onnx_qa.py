@@ -28,7 +28,7 @@ import onnxruntime
 from tokenizers import Tokenizer
 
 from pipeline import squad
-from pipeline.artifacts import ManifestError, verify_manifest
+from pipeline.manifests import ManifestError, verify_manifest
 from pipeline.errors import PipelineError
 
 CONTEXT_SEQUENCE_ID = 1  # question first, context second

@@ -21,7 +21,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from pipeline.artifacts import atomic_write_json, atomic_write_text, cpu_description, read_json
+from pipeline.artifacts import atomic_write_json, atomic_write_text, read_json
+from pipeline.machine import cpu_description
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = PROJECT_ROOT / "results"

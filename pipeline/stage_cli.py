@@ -218,7 +218,7 @@ def command_parser(command: str) -> argparse.ArgumentParser:
 
 def main(command: str, argv: list[str]) -> int:
     """`python -m pipeline <command> ARGV`: parse the flags, then call the stage's function with them."""
-    from pipeline.artifacts import setup_logging
+    from pipeline.logs import setup_logging
     from pipeline.config import config_from_json
 
     values = vars(command_parser(command).parse_args(argv))

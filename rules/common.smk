@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from pipeline import squad_objectives
-from pipeline.artifacts import bundled_model, exported_models
+from pipeline.model_registry import bundled_model, exported_models
 from pipeline.code_inputs import command_code_files
 from pipeline.config import PipelineConfig, from_dict, to_dict
 from pipeline.data_sources import check_local_files, configured_local_paths, local_data_files

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.artifacts import ManifestError, atomic_output_dir, write_manifest
+from pipeline.artifacts import atomic_output_dir
+from pipeline.manifests import ManifestError, write_manifest
 from pipeline.config import TrainConfig
 from pipeline.training.loop import train
 from tests.conftest import PROJECT_ROOT

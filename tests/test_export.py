@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pipeline import onnx_qa
-from pipeline.artifacts import verify_manifest, write_manifest
+from pipeline.manifests import verify_manifest, write_manifest
 from pipeline.gates import GateError
 from pipeline.export import coreml, int8, onnx_graph
 from pipeline.stages import export_coreml, export_full_size, export_onnx, quantize

@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from pipeline.artifacts import EXPORTED_MODELS
+from pipeline.model_registry import EXPORTED_MODELS
 from pipeline.export import int8, onnx_graph
 from pipeline.gates import GateError
 from pipeline.stages import int8_search

@@ -6,7 +6,7 @@ import json
 from huggingface_hub import ModelCard
 
 from pipeline import model_card
-from pipeline.artifacts import config_sha256
+from pipeline.manifests import config_sha256
 from tests.stage_fixtures import tiny_config
 
 QA_METRICS = {"exact_match": 81.25, "f1": 88.5, "n_examples": 16, "steps": 40, "objectives": ["tinybert"],

@@ -7,7 +7,7 @@ import pytest
 import transformers
 from transformers import AutoTokenizer, BertForMaskedLM
 
-from pipeline.artifacts import write_manifest
+from pipeline.manifests import write_manifest
 from pipeline.stages import prepare_data, teacher, tokenize_corpus, tokenizer
 from pipeline.stages.teacher import teacher_config_from_scratch
 from tests.stage_fixtures import tiny_config

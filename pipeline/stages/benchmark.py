@@ -37,12 +37,12 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.artifacts import (atomic_output_dir, atomic_write_json, bundled_model, directory_size_bytes, exported_models,
-                                megabytes, read_json)
+from pipeline.artifacts import atomic_output_dir, atomic_write_json, directory_size_bytes, megabytes, read_json
+from pipeline.model_registry import bundled_model, exported_models
 from pipeline.config import BenchmarkConfig, PipelineConfig
 from pipeline.errors import PipelineError
-from pipeline.latency import (cpu_description, fastest_first, onnx_session, synthetic_feed, time_calls,
-                              time_in_turn)
+from pipeline.latency import fastest_first, onnx_session, synthetic_feed, time_calls, time_in_turn
+from pipeline.machine import cpu_description
 
 # The export libraries are imported where they are used: every timed artifact runs in a fresh process that imports
 # this module, and its start-up must not grow with them.

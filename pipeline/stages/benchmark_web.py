@@ -22,10 +22,11 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from pipeline.artifacts import EXPORTED_MODELS, atomic_write_json, bundled_model, exported_models, directory_size_bytes, megabytes, read_json
+from pipeline.artifacts import atomic_write_json, directory_size_bytes, megabytes, read_json
+from pipeline.model_registry import EXPORTED_MODELS, bundled_model, exported_models
 from pipeline.config import BenchmarkConfig, PipelineConfig
 from pipeline.errors import PipelineError
-from pipeline.latency import cpu_description
+from pipeline.machine import cpu_description
 
 logger = logging.getLogger(__name__)
 

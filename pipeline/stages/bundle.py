@@ -22,18 +22,8 @@ import shutil
 from pathlib import Path
 
 from pipeline import onnx_qa
-from pipeline.artifacts import (
-    atomic_output_dir,
-    atomic_write_json,
-    config_sha256,
-    directory_size_bytes,
-    files_manifest,
-    library_versions,
-    megabytes,
-    read_json,
-    verify_input_dirs,
-    verify_manifest,
-)
+from pipeline.artifacts import atomic_output_dir, atomic_write_json, directory_size_bytes, megabytes, read_json
+from pipeline.manifests import config_sha256, files_manifest, library_versions, verify_input_dirs, verify_manifest
 from pipeline.config import PipelineConfig
 from pipeline.gates import GateError, compressed_model_report, gate_questions, raise_for_failures
 from pipeline.model_card import bundle_card, write_model_card

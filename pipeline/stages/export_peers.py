@@ -16,7 +16,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from pipeline.artifacts import atomic_output_dir, atomic_write_json, cpu_description, read_json
+from pipeline.artifacts import atomic_output_dir, atomic_write_json, read_json
+from pipeline.machine import cpu_description
 from pipeline.config import ConfigError, PipelineConfig
 from pipeline.export import peers as peer_paths
 

@@ -33,13 +33,14 @@ from pathlib import Path
 
 from pipeline import onnx_qa, squad
 from pipeline.artifacts import atomic_output_dir, atomic_write_json, directory_size_bytes, megabytes, read_json
-from pipeline.artifacts import verify_input_dirs
+from pipeline.manifests import verify_input_dirs
 from pipeline.config import PipelineConfig
 from pipeline.export.int8 import (MODEL_FILE, NAIVE, build_variants, choose_bundle_variant, int8_recipes,
                                   quantization_settings, weight_storage)
 from pipeline.gates import compressed_model_report, enforce_if_strict, gate_questions
 from pipeline.statistics import per_question_f1
-from pipeline.latency import compare_latency, cpu_description
+from pipeline.latency import compare_latency
+from pipeline.machine import cpu_description
 
 logger = logging.getLogger(__name__)
 

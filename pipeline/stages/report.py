@@ -10,7 +10,8 @@ import json
 import logging
 from pathlib import Path
 
-from pipeline.artifacts import atomic_write_json, bundled_model, exported_models, atomic_write_text, read_json
+from pipeline.artifacts import atomic_write_json, atomic_write_text, read_json
+from pipeline.model_registry import bundled_model, exported_models
 from pipeline.config import PipelineConfig
 
 logger = logging.getLogger(__name__)

@@ -103,7 +103,7 @@ def markdown(summary: dict, machine: dict) -> str:
 def run(cfg: PipelineConfig, runs_dir: Path, data_dir: Path, teacher_dir: Path | None, out_dir: Path) -> dict:
     from pipeline import squad
     from pipeline.data import load_squad
-    from pipeline.latency import cpu_description
+    from pipeline.machine import cpu_description
 
     dev, _ = load_squad(str(data_dir / "dev.jsonl"))
     gold = squad.gold_answers(dev)

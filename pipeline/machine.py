@@ -1,0 +1,36 @@
+"""The machine a figure comes from: the CPU's model name and SIMD flags, stamped into every metrics file.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pipeline.artifacts import atomic_write_json, read_json
+
+
+def cpu_description() -> dict:
+    """lscpu's model name and the SIMD flags that decide int8 speed (and float rounding paths), from /proc/cpuinfo."""
+    model, flags = "unknown", []
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and model == "unknown":
+                model = value.strip()
+            if key.strip() in ("flags", "Features") and not flags:
+                flags = value.split()
+    interesting = [f for f in flags if f.startswith(("avx", "amx", "fma", "sse4", "asimd", "sve", "i8mm", "dotprod"))]
+    return {"model_name": model, "simd_flags": sorted(interesting)}
+
+
+def stamp_machine(metrics_path: Path) -> None:
+    """Add the CPU model, its flags and the core count to a stage's metrics.json: trained metrics differ between
+    CPU models (floating-point paths), so every figure carries the machine it came from."""
+    if not metrics_path.is_file():
+        return
+    metrics = read_json(metrics_path)
+    if isinstance(metrics, dict) and "machine" not in metrics:
+        cpu = cpu_description()
+        metrics["machine"] = {"cpu": cpu["model_name"], "cpu_flags": cpu["simd_flags"], "cores": os.cpu_count()}
+        atomic_write_json(metrics_path, metrics)
