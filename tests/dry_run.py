@@ -6,6 +6,7 @@ errors on the console, profiles) run `python -m snakemake` as a user does."""
 import contextlib
 import io
 import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -41,3 +42,40 @@ def dry_run(workdir: Path, configfiles: list[Path], config: dict | None = None, 
         sys.path[:] = search_path
     command = ["snakemake", *([target] if target else []), "-n", "--cores", str(cores), "--directory", str(workdir)]
     return subprocess.CompletedProcess(command, 0, printed.getvalue(), "")
+
+
+def command_line_dry_run(arguments: list[str], cwd: Path, environment: dict[str, str] | None = None
+                         ) -> subprocess.CompletedProcess:
+    """`snakemake ARGUMENTS` (a dry run: the arguments hold -n) through Snakemake's own command line, its argument
+    parser, profiles and all, called in this process from `cwd`: what the command prints and its exit code,
+    without an interpreter started and Snakemake imported for each command."""
+    from snakemake.cli import args_to_api, parse_args
+    from snakemake.exceptions import print_exception
+
+    assert "-n" in arguments or "--dry-run" in arguments, "only dry runs run in the test process"
+    printed, errors = io.StringIO(), io.StringIO()
+    snakemake_logger = logging.getLogger("snakemake")
+    search_path, directory = list(sys.path), Path.cwd()
+    saved = {name: os.environ.get(name) for name in (environment or {})}
+    try:
+        os.environ.update(environment or {})
+        os.chdir(cwd)
+        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(errors):
+            try:
+                parser, args = parse_args(arguments)
+                succeeded = args_to_api(args, parser)
+            except Exception as error:  # as snakemake.cli.main reports it, with exit code 1
+                print_exception(error)
+                succeeded = False
+    finally:
+        os.chdir(directory)
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        for handler in list(snakemake_logger.handlers):
+            snakemake_logger.removeHandler(handler)
+        sys.path[:] = search_path
+    return subprocess.CompletedProcess(["snakemake", *arguments], 0 if succeeded else 1, printed.getvalue(),
+                                       errors.getvalue())

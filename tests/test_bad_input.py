@@ -18,10 +18,11 @@ import pytest
 import torch
 
 from pipeline.artifacts import atomic_output_dir
-from pipeline.manifests import ManifestError, write_manifest
 from pipeline.config import TrainConfig
+from pipeline.manifests import ManifestError, write_manifest
 from pipeline.training.loop import train
 from tests.conftest import PROJECT_ROOT
+from tests.dry_run import command_line_dry_run
 
 CONTEXT = "Paris is the capital of France. Lyon is the third city."  # "France" at 24
 
@@ -108,9 +109,9 @@ def test_bad_config_values_stop_the_stage_naming_the_key(tmp_path, config, needl
 def snakemake_dry_run(tmp_path: Path, config_text: str) -> subprocess.CompletedProcess:
     config = tmp_path / "config.yaml"
     config.write_text(f"output_root: {json.dumps(str(tmp_path / 'artifacts'))}\n" + config_text)
-    command = [sys.executable, "-m", "snakemake", "-n", "--cores", "1", "--snakefile", str(PROJECT_ROOT / "Snakefile"),
-               "--directory", str(tmp_path), "--configfile", str(PROJECT_ROOT / "configs" / "test.yaml"), str(config)]
-    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+    arguments = ["-n", "--cores", "1", "--snakefile", str(PROJECT_ROOT / "Snakefile"), "--directory", str(tmp_path),
+                 "--configfile", str(PROJECT_ROOT / "configs" / "test.yaml"), str(config)]
+    return command_line_dry_run(arguments, cwd=tmp_path)  # the command line, in this process (tests/dry_run.py)
 
 
 def test_a_layer_mapping_outside_the_teacher_stops_snakemake_before_any_job(tmp_path):

@@ -13,6 +13,7 @@ from pipeline.config import ConfigError
 from pipeline.deploy import DeployError, check_local_model, deploy_root, load_deployable
 from tests.dag_run import snakemake_command
 from tests.deploy_run import tiny_qa_model_with_its_own_vocabulary  # noqa: F401  (a model as a user brings one)
+from tests.dry_run import command_line_dry_run
 from tests.stage_fixtures import tiny_bert_config, tiny_config
 
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "a", "river", "flows", "north", "who", "what"]
@@ -100,8 +101,8 @@ def test_a_tokenizer_other_than_wordpiece_is_refused(tmp_path):
 def test_target_deploy_without_a_model_says_what_to_set(tmp_path):
     config = tmp_path / "config.yaml"
     config.write_text(f"output_root: {json.dumps(str(tmp_path / 'out'))}\n")
-    completed = subprocess.run(snakemake_command(tmp_path, config, "-n", target="deploy"), capture_output=True,
-                               text=True)
+    _python, _module_flag, _snakemake, *arguments = snakemake_command(tmp_path, config, "-n", target="deploy")
+    completed = command_line_dry_run(arguments, cwd=tmp_path)  # the command line, in this process
     assert completed.returncode != 0 and "target deploy needs deploy.model" in completed.stdout + completed.stderr
 
 

@@ -2,13 +2,12 @@
 with the model folder and dev file the deploy commands name); docs/deploy.md's offline deploy runs in full in
 tests/test_deploy.py."""
 
-import os
-import subprocess
-from concurrent.futures import ThreadPoolExecutor
+import shlex
 
 import pytest
 
 from tests.documented_commands import documented_commands, project_copy
+from tests.dry_run import command_line_dry_run
 from tests.test_deploy import tiny_qa_model_with_its_own_vocabulary
 
 # Commands a dry run cannot stand for, and where they are tested instead.
@@ -37,15 +36,11 @@ def test_every_documented_snakemake_command_plans_as_written(project):
     commands = documented_commands(".venv/bin/snakemake")
     assert len(commands) >= 10 and {name for name, _ in commands} >= {"README.md", "deploy.md", "scale.md"}
     planned = [(name, command) for name, command in commands if not any(flag in command for flag in NOT_DRY_RUN)]
-    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-
-    def dry_run(command: str) -> subprocess.CompletedProcess:
-        return subprocess.run(command + " -n", shell=True, cwd=project, env=environment, capture_output=True,
-                              text=True, timeout=300)
-
+    environment = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     distinct = list(dict.fromkeys(command for _, command in planned))  # a command several pages show plans once
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        results = dict(zip(distinct, pool.map(dry_run, distinct)))
+    # Each through Snakemake's own command line (argument parser, profiles) in this process, as written plus -n.
+    results = {command: command_line_dry_run(shlex.split(command)[1:] + ["-n"], cwd=project, environment=environment)
+               for command in distinct}
     failed = [f"{name}: {command}\n{results[command].stdout[-1500:]}{results[command].stderr[-1500:]}"
               for name, command in planned if results[command].returncode != 0]
     assert not failed, "\n\n".join(failed)

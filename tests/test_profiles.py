@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PROJECT_ROOT
-from tests.dry_run import dry_run
+from tests.dry_run import command_line_dry_run, dry_run
 
 pytestmark = pytest.mark.integration
 
@@ -22,9 +22,11 @@ EXPORT_AND_BENCHMARK_RULES = {"export_onnx", "quantize_onnx", "export_coreml", "
 
 
 def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "snakemake", "--snakefile", str(PROJECT_ROOT / "Snakefile"), "--directory",
-               str(workdir), *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=600)
+    """The snakemake command line; a dry run goes through it in this process (tests/dry_run.py)."""
+    arguments = ["--snakefile", str(PROJECT_ROOT / "Snakefile"), "--directory", str(workdir), *args]
+    if "-n" in args:
+        return command_line_dry_run(arguments, cwd=workdir)
+    return subprocess.run([sys.executable, "-m", "snakemake", *arguments], capture_output=True, text=True, timeout=600)
 
 
 def planned_jobs(output: str) -> dict[str, int]:
