@@ -37,7 +37,7 @@ from typing import Any, Iterator
 import yaml
 
 from pipeline.artifacts import atomic_write_json
-from pipeline.machine import cpu_description
+from pipeline.machine import cpu_description, high_water_mark_mb
 from pipeline.manifests import library_versions
 from pipeline.generated_corpus import generate_corpus
 
@@ -187,7 +187,7 @@ class ProcessPeaks:
             else:
                 role = "child" if parent in self.peaks else "main"
             known = self.peaks[pid] = {"rule": RULE_OF_STAGE.get(stage, stage), "role": role, "peak_rss_mb": 0.0}
-        known["peak_rss_mb"] = max(known["peak_rss_mb"], high_water_mark_mb(pid))
+        known["peak_rss_mb"] = max(known["peak_rss_mb"], high_water_mark_mb(pid) or 0.0)
 
     def by_rule(self) -> dict[str, dict[str, float]]:
         """{rule: {role: largest peak among its processes of that role, MB}}."""
@@ -204,13 +204,6 @@ def stage_of_command(arguments: list[str]) -> str | None:
         if argument == "-m" and arguments[i + 1] == "pipeline":
             return arguments[i + 2]
     return None
-
-
-def high_water_mark_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024  # kB
-    return 0.0
 
 
 # ------------------------------------------------------------------------------------------------ the baseline

@@ -1,4 +1,5 @@
-"""The machine a figure comes from: the CPU's model name and SIMD flags, stamped into every metrics file.
+"""The machine a figure comes from: the CPU's model name and SIMD flags, stamped into every metrics file; and a
+process's peak resident memory as the kernel counts it.
 """
 
 from __future__ import annotations
@@ -34,3 +35,16 @@ def stamp_machine(metrics_path: Path) -> None:
         cpu = cpu_description()
         metrics["machine"] = {"cpu": cpu["model_name"], "cpu_flags": cpu["simd_flags"], "cores": os.cpu_count()}
         atomic_write_json(metrics_path, metrics)
+
+
+def high_water_mark_mb(pid: int | str = "self") -> float | None:
+    """A process's resident-memory high-water mark in MB (the kernel's VmHWM, which only grows), None where /proc
+    has no such figure. VmHWM, not getrusage: rusage keeps the parent's peak from before exec, which would charge
+    a worker with its parent's memory."""
+    status = Path(f"/proc/{pid}/status")
+    if not status.is_file():
+        return None
+    for line in status.read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024  # kB
+    return None

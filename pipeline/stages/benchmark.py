@@ -42,7 +42,7 @@ from pipeline.model_registry import bundled_model, exported_models
 from pipeline.config import BenchmarkConfig, PipelineConfig
 from pipeline.errors import PipelineError
 from pipeline.latency import fastest_first, onnx_session, synthetic_feed, time_calls, time_in_turn
-from pipeline.machine import cpu_description
+from pipeline.machine import cpu_description, high_water_mark_mb
 
 # The export libraries are imported where they are used: every timed artifact runs in a fresh process that imports
 # this module, and its start-up must not grow with them.
@@ -280,18 +280,6 @@ def measure(item: dict, cfg: BenchmarkConfig) -> tuple[dict, float | None]:
     return result["latency_ms"], result["peak_rss_mb"]
 
 
-def peak_rss_mb() -> float | None:
-    """This process's resident-memory high-water mark. VmHWM, not getrusage: rusage keeps the parent's peak
-    from before exec, which would charge every worker with the benchmark process's own memory."""
-    status = Path("/proc/self/status")
-    if not status.is_file():
-        return None
-    for line in status.read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return round(int(line.split()[1]) / 1024, 1)  # kB
-    return None
-
-
 def time_gemm_floor(path: Path, cfg: BenchmarkConfig) -> dict:
     """The GEMM floor graph (export_gemm_floor) at 1 thread on random uint8 activations of its own shapes."""
     session = onnx_session(path, 1)
@@ -476,7 +464,8 @@ def worker_main(item_json: str, benchmark_json: str, task: str, out: Path) -> in
         atomic_write_json(out, interleaved_with_ours(item, item["ours"], cfg))
     else:
         latency = measure_in_this_process(item, cfg)
-        atomic_write_json(out, {"latency_ms": latency, "peak_rss_mb": peak_rss_mb()})
+        peak = high_water_mark_mb()
+        atomic_write_json(out, {"latency_ms": latency, "peak_rss_mb": None if peak is None else round(peak, 1)})
     return 0
 
 
