@@ -314,17 +314,28 @@ DISTILLED_VARIANT = "tinybert"
 MIN_SHARE_OF_TEACHER = 0.97
 
 
+def claims_hold(distilled: dict) -> tuple[bool | None, bool | None]:
+    """Whether claim 1 (at least MIN_SHARE_OF_TEACHER of the teacher's F1) and claim 2 (the paired interval over
+    CE-only above zero) hold for the distilled variant of a study; None where the study has no figure for one."""
+    share, lead = distilled.get("f1_relative_to_teacher"), distilled.get("f1_minus_ce_only")
+    return (None if share is None else share >= MIN_SHARE_OF_TEACHER, None if not lead else lead["low"] > 0)
+
+
+def lead_text(lead: dict, confidence: float) -> str:
+    return f"{lead['mean']:+.2f} F1, {confidence:.0%} interval [{lead['low']:+.2f}, {lead['high']:+.2f}]"
+
+
 def claim_lines(study: dict) -> list[str]:
     """Whether each claim holds in this study, read from its figures (an absent variant: not measured)."""
     distilled = study["variants"].get(DISTILLED_VARIANT)
     if distilled is None:
         return [f"The claims are not measured here: no `{DISTILLED_VARIANT}` variant in this study."]
     share, lead = distilled.get("f1_relative_to_teacher"), distilled.get("f1_minus_ce_only")
-    first = ("not measured" if share is None else
-             f"{'holds' if share >= MIN_SHARE_OF_TEACHER else 'does not hold'} ({percent(share)} of the teacher)")
-    second = ("not measured (no `ce_only` variant)" if not lead else
-              f"{'holds' if lead['significant'] and lead['low'] > 0 else 'not shown'} "
-              f"({lead['mean']:+.2f} F1, {study['confidence']:.0%} interval [{lead['low']:+.2f}, {lead['high']:+.2f}])")
+    first_holds, second_holds = claims_hold(distilled)
+    first = ("not measured" if first_holds is None else
+             f"{'holds' if first_holds else 'does not hold'} ({percent(share)} of the teacher)")
+    second = ("not measured (no `ce_only` variant)" if second_holds is None else
+              f"{'holds' if second_holds else 'not shown'} ({lead_text(lead, study['confidence'])})")
     return [f"- Claim 1, the distilled student (`{DISTILLED_VARIANT}`) reaches at least "
             f"{MIN_SHARE_OF_TEACHER:.0%} of the teacher's dev F1 on average: {first}.",
             f"- Claim 2, it beats the CE-only student, the paired interval above zero: {second}."]
@@ -340,13 +351,12 @@ def claims(runs: list[dict]) -> str:
         study = run["study"]
         distilled = study["variants"][DISTILLED_VARIANT]
         share, lead = distilled.get("f1_relative_to_teacher"), distilled.get("f1_minus_ce_only")
-        holds = (share is not None and share >= MIN_SHARE_OF_TEACHER, bool(lead) and lead["low"] > 0)
+        holds = tuple(bool(verdict) for verdict in claims_hold(distilled))  # not measured: not shown to hold
         verdict = {(True, True): "both hold", (True, False): "only the first holds",
                    (False, True): "only the second holds", (False, False): "neither holds"}[holds]
-        lead_text = "no CE-only runs" if not lead else (f"{lead['mean']:+.2f} F1, {study['confidence']:.0%} interval "
-                                                        f"[{lead['low']:+.2f}, {lead['high']:+.2f}]")
+        lead_part = lead_text(lead, study["confidence"]) if lead else "no CE-only runs"
         verdicts.append(f"SIMD {simd_label(run).split(' (')[0]}: {verdict} ({percent(share)} of the teacher; "
-                        f"{lead_text}; {len(study['seeds'])} seeds)")
+                        f"{lead_part}; {len(study['seeds'])} seeds)")
     cpus = sorted({cpu_label(run) for run in studied})
     return (f"The claims, each checked by the `study` target on every reference run: the distilled student reaches "
             f"at least {MIN_SHARE_OF_TEACHER:.0%} of the teacher's dev F1 and beats the CE-only student with the paired "

@@ -7,6 +7,7 @@ Each build runs in a process of its own, started with the "spawn" method (a fres
 gets no extra thread, so a test that forks (a DataLoader worker, a launcher) never copies a lock another thread
 holds, which would leave the forked child waiting forever."""
 
+import contextlib
 import multiprocessing
 import subprocess
 from typing import Callable
@@ -39,10 +40,8 @@ def kill_with_descendants(pid: int) -> None:
     except psutil.NoSuchProcess:
         return
     for process in processes:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):  # it ended on its own meanwhile
             process.kill()
-        except psutil.NoSuchProcess:
-            pass
     psutil.wait_procs(processes, timeout=10)
 
 
