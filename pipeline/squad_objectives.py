@@ -1,6 +1,5 @@
-"""The objectives of the SQuAD step (stage distill_squad) and of its study: each objective's check against both
-models, TinyBERT's two training phases, the loss the training loop minimises, and the study's variants as
-objective settings of the one config.
+"""The objectives of the SQuAD step (stage distill_squad): each objective's check against both models, TinyBERT's
+two training phases, and the loss the training loop minimises (the study's variants of them: pipeline/study_runs.py).
 
 Objectives: the gold-span CE (weight alpha_task) plus, each with its weight,
     distilbert: KL(softmax(t/T) || softmax(s/T)) * T^2 on start and end logits, averaged, over [CLS] and context
@@ -13,7 +12,6 @@ Objectives: the gold-span CE (weight alpha_task) plus, each with its weight,
 
 from __future__ import annotations
 
-import copy
 from dataclasses import replace
 
 import torch
@@ -204,32 +202,3 @@ class _nothing:
 
     def __exit__(self, *exc):
         return False
-
-
-# ------------------------------------------------------------------------------------- the study's variants
-
-BASELINE = "ce_only"
-
-
-def run_names(variants: list[str]) -> list[str]:
-    """The training runs behind the variants: one each (TinyBERT's two steps are phases of one run)."""
-    return list(variants)
-
-
-def run_config(full: dict, run: str, seed: int) -> dict:
-    """The whole config (as a plain dict) of one study run: distill_squad's objectives set for the run, the seed
-    replaced; every other setting (weights, temperature, budget, augmentation) is the configured one."""
-    config = copy.deepcopy(full)
-    config["seed"] = seed
-    squad_step = config["distill_squad"]
-    if run == "pkd_skip" or run == "pkd_last":
-        squad_step["objectives"] = ["distilbert", "pkd"]  # PKD = (1-alpha) CE + alpha KD + beta PT
-        squad_step["pkd"]["scheme"] = "skip" if run == "pkd_skip" else "last"
-    elif run == "distilbert":
-        squad_step["objectives"] = ["distilbert"]
-    elif run == "tinybert":
-        # Intermediate layers for tinybert.intermediate_share of the epochs, then the prediction layer.
-        squad_step["objectives"] = ["tinybert"]
-    elif run != BASELINE:
-        raise ValueError(f"unknown study run {run!r}")
-    return config

@@ -5,7 +5,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from pipeline import squad_objectives
+from pipeline import study_runs
 from pipeline.model_registry import bundled_model, exported_models
 from pipeline.code_inputs import command_code_files
 from pipeline.config import PipelineConfig, from_dict, to_dict
@@ -208,14 +208,14 @@ WEB_CLIENT_FILES = [*(str(WEB_CLIENT / "scripts" / name) for name in ("bench.mjs
 
 
 # Target `study`: the runs (objective x seed) its rules build.
-STUDY_RUNS = squad_objectives.run_names(CFG.study.variants)
+STUDY_RUNS = study_runs.run_names(CFG.study.variants)
 for _run in STUDY_RUNS:  # a run config that does not validate stops here, before any job
-    from_dict(PipelineConfig, squad_objectives.run_config(FULL, _run, CFG.study.seeds[0]))
+    from_dict(PipelineConfig, study_runs.run_config(FULL, _run, CFG.study.seeds[0]))
 
 
 def study_run_config(wildcards):
     """The config sections a study run reads: its variant's distill_squad settings and seed."""
-    chosen = squad_objectives.run_config(FULL, wildcards.run, int(wildcards.seed))
+    chosen = study_runs.run_config(FULL, wildcards.run, int(wildcards.seed))
     sections = {name: chosen[name] for name in ("seed", "squad", "distill_squad")}
     sections["compute"] = {key: chosen["compute"][key] for key in TRAINING_LAUNCH_KEYS}
     return json.dumps(sections, sort_keys=True)

@@ -16,7 +16,7 @@ rule study_run:
         teacher=rules.teacher_finetune.output[0],
         mlm_teacher=[MLM_TEACHER] if AUGMENT and TEACHER_FROM_SCRATCH else [],
         data=rules.prepare_data.output[0],
-        code=code("distill-squad"),  # squad_objectives.run_config, which sets the run's objectives, is in it
+        code=code("distill-squad"),  # the run's objectives (pipeline/study_runs.py) reach it as params.cfg
     output:
         directory(f"{ROOT}/study/{{run}}/seed{{seed}}"),
     wildcard_constraints:
@@ -26,9 +26,9 @@ rule study_run:
         cfg=study_run_config,
         student=SQUAD_STUDENT,
         # the CE-only baseline has no teacher
-        ce_only=lambda wildcards: "true" if wildcards.run == squad_objectives.BASELINE else "false",
-        teacher=lambda wildcards, input: "" if wildcards.run == squad_objectives.BASELINE else str(input.teacher),
-        mlm_teacher=lambda wildcards: "" if wildcards.run == squad_objectives.BASELINE else MLM_TEACHER_FOR_AUGMENTATION,
+        ce_only=lambda wildcards: "true" if wildcards.run == study_runs.BASELINE else "false",
+        teacher=lambda wildcards, input: "" if wildcards.run == study_runs.BASELINE else str(input.teacher),
+        mlm_teacher=lambda wildcards: "" if wildcards.run == study_runs.BASELINE else MLM_TEACHER_FOR_AUGMENTATION,
         work=lambda wildcards: f"{ROOT}/work/study/{wildcards.run}/seed{wildcards.seed}",
     log:
         log_file("study/{run}_seed{seed}"),

@@ -155,3 +155,17 @@ def test_no_stage_module_imports_another_stage():
             parts = module.split(".")
             if parts[:2] == ["pipeline", "stages"] and len(parts) > 2 and parts[2] in stages:
                 assert parts[2] == path.stem, f"{path.name} imports the stage {module}"
+
+
+def test_the_modules_the_rules_plan_with_import_no_torch():
+    # Every `snakemake` command (a plan, a dry run, each rerun) imports what the rules import: torch and
+    # transformers there would add seconds to each.
+    plans = [PROJECT_ROOT / "Snakefile", *(PROJECT_ROOT / "rules").glob("*.smk")]
+    imports = sorted({line.strip() for path in plans for line in path.read_text().splitlines()
+                      if line.strip().startswith(("from pipeline", "import pipeline"))})
+    assert any("study_runs" in line for line in imports) and any("config" in line for line in imports)
+    heavy = "print(sorted({'torch', 'transformers', 'onnxruntime'} & set(sys.modules)))"
+    script = "\n".join([*imports, "import sys", heavy])
+    completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                               cwd=PROJECT_ROOT)
+    assert completed.stdout.strip() == "[]", imports

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from pipeline.config import STUDY_VARIANTS, ConfigError, PipelineConfig, from_dict, to_dict
-from pipeline import squad_objectives
+from pipeline import study_runs
 from pipeline.stages import study
 from tests.conftest import PROJECT_ROOT
 from tests.dry_run import dry_run
@@ -14,7 +14,7 @@ from tests.stage_fixtures import tiny_config
 
 def test_each_variant_changes_only_its_objectives_and_the_seed():
     full = to_dict(tiny_config())
-    configs = {run: squad_objectives.run_config(full, run, 7) for run in squad_objectives.run_names(list(STUDY_VARIANTS))}
+    configs = {run: study_runs.run_config(full, run, 7) for run in study_runs.run_names(list(STUDY_VARIANTS))}
     assert list(configs) == ["ce_only", "distilbert", "pkd_skip", "pkd_last", "tinybert"]
     for run, config in configs.items():
         assert config["seed"] == 7
@@ -72,7 +72,7 @@ def test_the_study_target_plans_every_run_from_the_same_student(tmp_path):
     completed = dry_run(tmp_path, [PROJECT_ROOT / "configs" / "test.yaml"], {"output_root": str(tmp_path / "out")},
                         target="study")
     assert completed.returncode == 0, completed.stderr[-2000:]
-    n_runs = len(squad_objectives.run_names(tiny_config().study.variants)) * len(tiny_config().study.seeds)
+    n_runs = len(study_runs.run_names(tiny_config().study.variants)) * len(tiny_config().study.seeds)
     assert f"study_run {n_runs}" in " ".join(completed.stdout.split())
     planned = " ".join(completed.stdout.split())
     assert "distill_pretrain 2" in planned and "init_student 2" in planned  # the student and its random-init ablation

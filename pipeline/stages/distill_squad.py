@@ -3,8 +3,8 @@
 distill_squad (Sanh et al. 2019, second step): DistilBertForQuestionAnswering initialised from the
 distill_pretrain output learns from the gold spans and from the frozen teacher_finetune model, with the
 objectives `distill_squad.objectives` names (distilbert, pkd, tinybert: pipeline/squad_objectives.py, which also
-holds the loss); the teacher's logits are cached when they are all the objectives read, and TinyBERT's two steps
-are two phases of the run.
+holds the loss; the study's variants of them: pipeline/study_runs.py); the teacher's logits are cached when they
+are all the objectives read, and TinyBERT's two steps are two phases of the run.
 student_finetune (--ce-only): the same student with plain CE and no teacher, so the report shows what the
 second distillation step adds.
 """

@@ -10,8 +10,8 @@ variant (config section `study`) over N seeds from the same distilled student an
   - per run: the bootstrap standard error of its dev F1 over questions (how much one seed's figure can be trusted);
   - per variant: training seconds (mean), as the runs measured them on this machine.
 
-Run configs (pipeline/squad_objectives.py, `run_config`): each variant is distill_squad's config with its objectives changed and the seed
-replaced; TinyBERT runs its two steps (intermediate layers, then prediction layer) as two phases of one run.
+Run configs (pipeline/study_runs.py, `run_config`): each variant is distill_squad's config with its objectives changed and
+the seed replaced; TinyBERT runs its two steps (intermediate layers, then prediction layer) as two phases of one run.
 
   python -m pipeline study-summary --config-json CFG --runs-dir artifacts/study --data-dir artifacts/data
       --teacher-dir artifacts/teacher --out-dir artifacts/study   (writes summary.md, then summary.json)
@@ -27,7 +27,7 @@ import numpy as np
 
 from pipeline.artifacts import atomic_write_json, atomic_write_text, read_json
 from pipeline.config import PipelineConfig
-from pipeline.squad_objectives import BASELINE
+from pipeline.study_runs import BASELINE
 from pipeline.statistics import bootstrap_standard_error, per_question_f1, t_interval
 
 logger = logging.getLogger(__name__)
