@@ -12,6 +12,11 @@ import pytest
 # 10x as long). Set here, before any test module imports torch.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+# As every process the pipeline starts: transformers leaves scikit-learn unimported (pipeline/startup.py).
+from pipeline.startup import hide_sklearn_from_transformers  # noqa: E402
+
+hide_sklearn_from_transformers()
+
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SHARED_SQUAD_SAMPLE = PROJECT_ROOT.parent / "shared" / "data" / "squad2-dev-sample.json"
 
@@ -39,8 +44,15 @@ BACKGROUND_BUILDS = ("dag_run", "documented_offline_deploy")
 
 
 def pytest_collection_modifyitems(items):
-    """The tests that read a background build run last (in their order), so that the build overlaps the others."""
-    items.sort(key=lambda item: any(name in item.fixturenames for name in BACKGROUND_BUILDS))
+    """The tests that read a background build run last (in their order), so that the build overlaps the others;
+    just before them, the tests that start several busy processes at once (`several_processes`): they keep both
+    cores busy once the builds are done, while a one-process test there would leave one idle."""
+    def order(item) -> int:
+        if any(name in item.fixturenames for name in BACKGROUND_BUILDS):
+            return 2
+        return 1 if item.get_closest_marker("several_processes") else 0
+
+    items.sort(key=order)
 
 
 def selected(request, fixture: str) -> bool:

@@ -197,6 +197,11 @@ def test_distill_pretrain_reports_student_and_teacher_accuracy(artifacts, tmp_pa
     )
     assert metrics["steps"] == 4
     assert 0.0 <= metrics["student_mlm_accuracy"] <= 1.0 and 0.0 <= metrics["teacher_mlm_accuracy"] <= 1.0
+    ratio = metrics["student_to_teacher_mlm_accuracy"]
+    if metrics["teacher_mlm_accuracy"] > 0:
+        assert ratio == pytest.approx(metrics["student_mlm_accuracy"] / metrics["teacher_mlm_accuracy"], abs=1e-4)
+    else:  # a tiny teacher may predict no held-out token: no ratio, rather than a division by ~0
+        assert ratio is None
     assert metrics["n_heldout_masked_tokens"] > 0
     assert {"ce", "mlm", "cos", "loss"} <= metrics["final_loss_terms"].keys()
     assert metrics["peak_memory_mb"] > 0 and metrics["first_step_seconds"] > 0

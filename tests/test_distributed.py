@@ -22,7 +22,7 @@ from pipeline.training.processes import ProcessGroup
 from tests.conftest import PROJECT_ROOT
 from tests.stage_fixtures import build_tiny_artifacts, tiny_config
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.several_processes]
 
 STEPS, LOG_EVERY = 60, 10
 # The two runs see different batches and masks (each rank takes its own token-budget batches, masked with its own

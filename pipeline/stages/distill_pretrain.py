@@ -176,7 +176,9 @@ def run(
         **result.as_metrics(),
         "student_mlm_accuracy": round(accuracy["student"], 4),
         "teacher_mlm_accuracy": round(accuracy["teacher"], 4),
-        "student_to_teacher_mlm_accuracy": round(accuracy["student"] / max(accuracy["teacher"], 1e-9), 4),
+        # no ratio to a teacher that predicts no held-out token (a briefly trained one): null, not a huge number
+        "student_to_teacher_mlm_accuracy": (round(accuracy["student"] / accuracy["teacher"], 4)
+                                            if accuracy["teacher"] > 0 else None),
         "n_heldout_masked_tokens": accuracy["n_masked_tokens"],
         "n_train_sequences": len(sequences),
         "n_train_tokens": sequences.n_tokens_total(),
