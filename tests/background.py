@@ -1,7 +1,7 @@
 """Builds that start with the test session and run in the background (tests/conftest.py): the DAG run of
-tests/dag_run.py and the documented deploy of tests/deploy_run.py. Their jobs leave a core idle much of the time
-(one job after another on a critical path, Snakemake planning), which the tests that run meanwhile use; the tests
-that read a build run last and wait for it.
+tests/dag_run.py, the documented deploy of tests/deploy_run.py and the torchrun runs of tests/distributed_runs.py.
+Their jobs leave a core idle much of the time (one job after another on a critical path, Snakemake planning, a
+process starting), which the tests that run meanwhile use; the tests that read a build run last and wait for it.
 
 Each build runs in a process of its own, started with the "spawn" method (a fresh interpreter): the test process
 gets no extra thread, so a test that forks (a DataLoader worker, a launcher) never copies a lock another thread

@@ -40,19 +40,12 @@ def exported_student(tmp_path_factory) -> dict:
 
 # Builds that start with the session and run in the background (tests/background.py), and the fixture each
 # test that reads one asks for.
-BACKGROUND_BUILDS = ("dag_run", "documented_offline_deploy")
+BACKGROUND_BUILDS = ("dag_run", "documented_offline_deploy", "distributed_runs")
 
 
 def pytest_collection_modifyitems(items):
-    """The tests that read a background build run last (in their order), so that the build overlaps the others;
-    just before them, the tests that start several busy processes at once (`several_processes`): they keep both
-    cores busy once the builds are done, while a one-process test there would leave one idle."""
-    def order(item) -> int:
-        if any(name in item.fixturenames for name in BACKGROUND_BUILDS):
-            return 2
-        return 1 if item.get_closest_marker("several_processes") else 0
-
-    items.sort(key=order)
+    """The tests that read a background build run last (in their order), so that the build overlaps the others."""
+    items.sort(key=lambda item: any(name in item.fixturenames for name in BACKGROUND_BUILDS))
 
 
 def selected(request, fixture: str) -> bool:
@@ -100,3 +93,26 @@ def documented_offline_deploy_in_background(request, tmp_path_factory):
 def documented_offline_deploy(squad2_dev_sample, documented_offline_deploy_in_background):
     """The documented offline deploy's run (tests/deploy_run.py: DeployRun); skips without the real SQuAD sample."""
     return documented_offline_deploy_in_background.result()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def distributed_runs_in_background(request, tmp_path_factory):
+    """The torchrun runs of distill_pretrain (tests/distributed_runs.py), started with the first test when a
+    selected test reads them."""
+    if not selected(request, "distributed_runs"):
+        yield None
+        return
+    from tests.background import InBackground
+    from tests.distributed_runs import run_distributed
+
+    background = InBackground(functools.partial(run_distributed, tmp_path_factory.mktemp("distributed")),
+                              "distributed-runs")
+    yield background
+    background.stop()
+
+
+@pytest.fixture(scope="session")
+def distributed_runs(distributed_runs_in_background):
+    """distill_pretrain under torchrun: 2 processes, 1 process, and a killed 2-process run resumed on two nodes
+    (tests/distributed_runs.py: DistributedRuns); read only."""
+    return distributed_runs_in_background.result()
