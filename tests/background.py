@@ -9,6 +9,7 @@ holds, which would leave the forked child waiting forever."""
 
 import contextlib
 import multiprocessing
+import os
 import subprocess
 from typing import Callable
 
@@ -45,8 +46,14 @@ def kill_with_descendants(pid: int) -> None:
     psutil.wait_procs(processes, timeout=10)
 
 
+# The builds yield the CPU to the tests (the commands they start inherit it): the tests run one after another, so
+# a test that waits for a core holds up the whole session, while a build fills whatever the tests leave idle.
+BUILD_NICENESS = 10
+
+
 def _build_and_send(build: Callable, connection) -> None:
     """The build process: `build(run=run, start=start)`, and what it returned or raised sent back."""
+    os.nice(BUILD_NICENESS)
     try:
         outcome = build(run=run, start=start)
     except BaseException as error:  # raised again by result(), in the test that reads the build
