@@ -276,7 +276,9 @@ def blocks(runs: list[dict]) -> dict[str, str]:
     """Generated block name -> its text."""
     finished = [run for run in runs if run["summary"]]
     text = {"runs": runs_table(runs) if runs else "No reference run is committed."}
-    headline_run = next((run for run in finished if run["simd"] == "native"), finished[0] if finished else None)
+    # The headline: a run under its CPU's own SIMD, the one with a study first (its claims and tables agree).
+    native = sorted((run for run in finished if run["simd"] == "native"), key=lambda run: run["study"] is None)
+    headline_run = native[0] if native else (finished[0] if finished else None)
     none = "No reference run is committed."
     text["headline"] = headline(headline_run) if headline_run else none
     text["artifacts"] = artifacts_table(headline_run) if headline_run else none

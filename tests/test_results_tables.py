@@ -84,3 +84,17 @@ def test_the_study_says_a_claim_is_not_shown_when_its_interval_reaches_zero():
     assert second.endswith("not shown (+1.50 F1, 95% interval [-0.98, +3.98]).")
     assert results_tables.claim_lines({"variants": {"ce_only": {}}}) == [
         "The claims are not measured here: no `tinybert` variant in this study."]
+
+
+def test_the_headline_comes_from_the_native_run_with_a_study(tmp_path):
+    results = tmp_path / "results"
+    for name, teacher_f1, studied in (("a-native", 80.0, False), ("xeon-native", 93.0, True)):
+        root = tmp_path / name
+        fake_run_root(root, teacher_f1=teacher_f1)
+        if not studied:
+            (root / "study" / "summary.json").unlink()
+        results_tables.collect_run(root, name, "native", 600.0, 0, "snakemake --cores 2", results_dir=results)
+    runs = results_tables.read_runs(results)
+    assert [run["name"] for run in runs] == ["a-native", "xeon-native"] and runs[0]["study"] is None
+    headline = results_tables.blocks(runs)["headline"]
+    assert "`results/xeon-native/`" in headline and "a-native" not in headline
