@@ -52,19 +52,26 @@ def selected(request, fixture: str) -> bool:
     return any(fixture in item.fixturenames for item in request.session.items)
 
 
+def background_build(build, name: str):
+    """`build` started in the background (tests/background.py: InBackground), yielded, and stopped when the session
+    ends: the body of each *_in_background fixture below."""
+    from tests.background import InBackground
+
+    background = InBackground(build, name)
+    yield background
+    background.stop()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def dag_run_in_background(request, tmp_path_factory):
     """The session's DAG run (tests/dag_run.py), started with the first test when a selected test reads it."""
     if not selected(request, "dag_run"):
         yield None
         return
-    from tests.background import InBackground
     from tests.dag_run import run_dag_killed_and_recovered
 
-    background = InBackground(functools.partial(run_dag_killed_and_recovered, tmp_path_factory.mktemp("dag")),
-                              "dag-run")
-    yield background
-    background.stop()
+    yield from background_build(functools.partial(run_dag_killed_and_recovered, tmp_path_factory.mktemp("dag")),
+                                "dag-run")
 
 
 @pytest.fixture(scope="session")
@@ -80,13 +87,10 @@ def documented_offline_deploy_in_background(request, tmp_path_factory):
     if not SHARED_SQUAD_SAMPLE.is_file() or not selected(request, "documented_offline_deploy"):
         yield None
         return
-    from tests.background import InBackground
     from tests.deploy_run import prepare_documented_deploy, run_documented_deploy
 
     prepared = prepare_documented_deploy(tmp_path_factory.mktemp("documented_deploy"), SHARED_SQUAD_SAMPLE)
-    background = InBackground(functools.partial(run_documented_deploy, *prepared), "documented-deploy")
-    yield background
-    background.stop()
+    yield from background_build(functools.partial(run_documented_deploy, *prepared), "documented-deploy")
 
 
 @pytest.fixture
@@ -102,13 +106,10 @@ def distributed_runs_in_background(request, tmp_path_factory):
     if not selected(request, "distributed_runs"):
         yield None
         return
-    from tests.background import InBackground
     from tests.distributed_runs import run_distributed
 
-    background = InBackground(functools.partial(run_distributed, tmp_path_factory.mktemp("distributed")),
-                              "distributed-runs")
-    yield background
-    background.stop()
+    yield from background_build(functools.partial(run_distributed, tmp_path_factory.mktemp("distributed")),
+                                "distributed-runs")
 
 
 @pytest.fixture(scope="session")

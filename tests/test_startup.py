@@ -11,13 +11,11 @@ from tests.conftest import PROJECT_ROOT
 # Both entry points run as Python runs them (`python -m pipeline`, the benchmark's worker), asked only for their
 # help; then a model class is imported as a stage imports it.
 ENTRY_POINTS_THEN_A_MODEL = """
-import runpy, sys
+import contextlib, runpy, sys
 for module in ("pipeline", "pipeline.stages.benchmark"):
     sys.argv = [module, "--help"]
-    try:
+    with contextlib.suppress(SystemExit):  # --help ends with sys.exit
         runpy.run_module(module, run_name="__main__")
-    except SystemExit:
-        pass
 from transformers import BertForQuestionAnswering
 print("sklearn imported:", "sklearn" in sys.modules)
 import sklearn.cluster
@@ -40,4 +38,4 @@ def test_without_the_flag_transformers_would_import_scikit_learn():
     assert "if is_sklearn_available():\n    from sklearn.metrics import" in source
     from transformers.utils import import_utils
 
-    assert import_utils.is_sklearn_available() is False  # set for this session too (tests/conftest.py)
+    assert import_utils.is_sklearn_available() is False  # the tests' own process: tests/conftest.py sets it
