@@ -1,12 +1,14 @@
 """What the processes this project starts do first (`python -m pipeline`, the benchmark's timing workers, the tests).
 
-transformers imports scikit-learn's metrics whenever scikit-learn is installed, for assisted text generation
-(`transformers.generation.candidate_generator`), which no stage uses. scikit-learn is installed for coremltools'
-k-means palettization, and that import (scikit-learn, SciPy's stats, pandas) is 1.5 CPU-seconds of every process
-that loads a model (measured on an AMD EPYC: 7.4 s against 5.9 s to import BertForQuestionAnswering): some
-20 % of a short stage's time, in every job of the DAG. transformers offers no setting for it, so the one flag it
-reads (`transformers.utils.import_utils._sklearn_available`) is set to False as that module is loaded.
-scikit-learn itself stays importable: coremltools imports it where it needs it.
+transformers imports two installed packages in every process that loads a model, for features no stage uses:
+scikit-learn's metrics, for assisted text generation (`transformers.generation.candidate_generator`), and SciPy's
+optimizers, for the matching losses of object detectors (`transformers.loss.loss_for_object_detection`, which
+`modeling_utils` imports through its loss table). Both are installed for coremltools (k-means palettization).
+Those imports cost 1.5 CPU-seconds (scikit-learn, with SciPy's stats and pandas) and 0.4 (scipy.optimize) of
+every model-loading process on an AMD EPYC: a fifth of a short stage's time, in every job of the DAG and every
+PyTorch timing worker. transformers offers no setting for them, so the two flags it reads
+(`transformers.utils.import_utils._sklearn_available` and `_scipy_available`) are set to False as that module
+is loaded. Both packages stay importable: coremltools imports them where it needs them.
 """
 
 from __future__ import annotations
@@ -16,10 +18,17 @@ import importlib.machinery
 import sys
 
 FLAGGED_MODULE = "transformers.utils.import_utils"
+# transformers' flags for the packages it need not import here (see the module's docstring)
+UNUSED_PACKAGE_FLAGS = ("_sklearn_available", "_scipy_available")
 
 
-class _SklearnHiddenFromTransformers(importlib.abc.MetaPathFinder):
-    """Finds transformers' import_utils as Python would, and sets its scikit-learn flag once the module has run."""
+def _set_flags(import_utils) -> None:
+    for flag in UNUSED_PACKAGE_FLAGS:
+        setattr(import_utils, flag, False)
+
+
+class _UnusedPackagesHiddenFromTransformers(importlib.abc.MetaPathFinder):
+    """Finds transformers' import_utils as Python would, and sets its flags once the module has run."""
 
     def find_spec(self, name, path, target=None):
         if name != FLAGGED_MODULE:
@@ -31,18 +40,18 @@ class _SklearnHiddenFromTransformers(importlib.abc.MetaPathFinder):
 
         def exec_module(module):
             run_module(module)
-            module._sklearn_available = False
+            _set_flags(module)
 
         spec.loader.exec_module = exec_module  # this spec's own loader instance
         return spec
 
 
-def hide_sklearn_from_transformers() -> None:
-    """Before transformers is imported: it will not import scikit-learn (see the module's docstring). Idempotent;
-    where transformers' import_utils is loaded already, its flag is set (what it imported stays)."""
+def hide_unused_packages_from_transformers() -> None:
+    """Before transformers is imported: it will not import scikit-learn or SciPy (see the module's docstring).
+    Idempotent; where transformers' import_utils is loaded already, its flags are set (what it imported stays)."""
     loaded = sys.modules.get(FLAGGED_MODULE)
     if loaded is not None:
-        loaded._sklearn_available = False
+        _set_flags(loaded)
         return
-    if not any(isinstance(finder, _SklearnHiddenFromTransformers) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _SklearnHiddenFromTransformers())
+    if not any(isinstance(finder, _UnusedPackagesHiddenFromTransformers) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _UnusedPackagesHiddenFromTransformers())

@@ -11,6 +11,8 @@ import contextlib
 import multiprocessing
 import os
 import subprocess
+import threading
+from pathlib import Path
 from typing import Callable
 
 import psutil
@@ -46,30 +48,59 @@ def kill_with_descendants(pid: int) -> None:
     psutil.wait_procs(processes, timeout=10)
 
 
-# The builds yield the CPU to the tests (the commands they start inherit it): the tests run one after another, so
-# a test that waits for a core holds up the whole session, while a build fills whatever the tests leave idle.
-BUILD_NICENESS = 10
 
 
-def _build_and_send(build: Callable, connection) -> None:
+def _autogroup_file(pid: int) -> Path:
+    return Path(f"/proc/{pid}/autogroup")
+
+
+def yield_autogroups_to_the_tests(build_pid: int, niceness: int, stop: threading.Event) -> None:
+    """Gives every new session below the build the build's niceness, until `stop` is set.
+
+    Where Linux groups processes by session ("autogroup", on by default), a process's niceness only ranks it among
+    its own session's processes, and each session gets an equal share of the CPU. The commands a build starts in a
+    session of their own (start() below; torchrun starts each rank so) would then take a core from the tests
+    whatever their niceness (a test ran at a third of its speed beside the torchrun ranks). A session's own
+    niceness is set in /proc/PID/autogroup. Without autogroups (or /proc) there is nothing to do."""
+    if not _autogroup_file(build_pid).exists():
+        return
+    niced_sessions = {os.getsid(build_pid)}  # the tests' own session: the build's niceness ranks it there
+    while not stop.wait(0.2):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            descendants = psutil.Process(build_pid).children(recursive=True)
+        for process in descendants:
+            with contextlib.suppress(OSError):  # ended meanwhile; or EAGAIN: Linux takes one change per 0.1 s
+                session = os.getsid(process.pid)
+                if session not in niced_sessions:
+                    _autogroup_file(process.pid).write_text(str(niceness))
+                    niced_sessions.add(session)
+
+
+def _build_and_send(build: Callable, niceness: int, connection) -> None:
     """The build process: `build(run=run, start=start)`, and what it returned or raised sent back."""
-    os.nice(BUILD_NICENESS)
+    os.nice(niceness)  # ranks it below the tests in their session; what it starts inherits it
+    stop_nicing = threading.Event()
+    threading.Thread(target=yield_autogroups_to_the_tests, args=(os.getpid(), niceness, stop_nicing),
+                     daemon=True).start()
     try:
         outcome = build(run=run, start=start)
     except BaseException as error:  # raised again by result(), in the test that reads the build
         outcome = error
+    stop_nicing.set()
     connection.send(outcome)
     connection.close()
 
 
 class InBackground:
-    """`build(run=..., start=...)` in a spawned process; `build` and what it returns must pickle (module-level
-    functions, dataclasses of paths and completed processes)."""
+    """`build(run=..., start=...)` in a spawned process at `niceness` (it and every command it starts), below the
+    tests: the tests run one after another, so a test that waits for a core holds up the whole session, while a
+    build fills whatever the tests leave idle. `build` and what it returns must pickle (module-level functions,
+    dataclasses of paths and completed processes)."""
 
-    def __init__(self, build: Callable, name: str):
+    def __init__(self, build: Callable, name: str, niceness: int):
         context = multiprocessing.get_context("spawn")
         self._receiving, sending = context.Pipe(duplex=False)
-        self._process = context.Process(target=_build_and_send, args=(build, sending), name=name, daemon=True)
+        self._process = context.Process(target=_build_and_send, args=(build, niceness, sending), name=name, daemon=True)
         self._process.start()
         sending.close()  # the parent keeps only its receiving end: a build that dies closes the pipe
         self._outcome = None

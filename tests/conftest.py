@@ -12,10 +12,10 @@ import pytest
 # 10x as long). Set here, before any test module imports torch.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-# As every process the pipeline starts: transformers leaves scikit-learn unimported (pipeline/startup.py).
-from pipeline.startup import hide_sklearn_from_transformers  # noqa: E402
+# As every process the pipeline starts: transformers leaves scikit-learn and SciPy unimported (pipeline/startup.py).
+from pipeline.startup import hide_unused_packages_from_transformers  # noqa: E402
 
-hide_sklearn_from_transformers()
+hide_unused_packages_from_transformers()
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SHARED_SQUAD_SAMPLE = PROJECT_ROOT.parent / "shared" / "data" / "squad2-dev-sample.json"
@@ -39,7 +39,8 @@ def exported_student(tmp_path_factory) -> dict:
 
 
 # Builds that start with the session and run in the background (tests/background.py), and the fixture each
-# test that reads one asks for.
+# test that reads one asks for. Each runs at a niceness of its own, below the tests: the DAG, whose jobs run one
+# after another, first; the torchrun ranks, short and side by side, last.
 BACKGROUND_BUILDS = ("dag_run", "documented_offline_deploy", "distributed_runs")
 
 
@@ -52,12 +53,12 @@ def selected(request, fixture: str) -> bool:
     return any(fixture in item.fixturenames for item in request.session.items)
 
 
-def background_build(build, name: str):
-    """`build` started in the background (tests/background.py: InBackground), yielded, and stopped when the session
-    ends: the body of each *_in_background fixture below."""
+def background_build(build, name: str, niceness: int):
+    """`build` started in the background at `niceness` (tests/background.py: InBackground), yielded, and stopped
+    when the session ends: the body of each *_in_background fixture below."""
     from tests.background import InBackground
 
-    background = InBackground(build, name)
+    background = InBackground(build, name, niceness)
     yield background
     background.stop()
 
@@ -71,7 +72,7 @@ def dag_run_in_background(request, tmp_path_factory):
     from tests.dag_run import run_dag_killed_and_recovered
 
     yield from background_build(functools.partial(run_dag_killed_and_recovered, tmp_path_factory.mktemp("dag")),
-                                "dag-run")
+                                "dag-run", niceness=0)
 
 
 @pytest.fixture(scope="session")
@@ -90,7 +91,8 @@ def documented_offline_deploy_in_background(request, tmp_path_factory):
     from tests.deploy_run import prepare_documented_deploy, run_documented_deploy
 
     prepared = prepare_documented_deploy(tmp_path_factory.mktemp("documented_deploy"), SHARED_SQUAD_SAMPLE)
-    yield from background_build(functools.partial(run_documented_deploy, *prepared), "documented-deploy")
+    yield from background_build(functools.partial(run_documented_deploy, *prepared), "documented-deploy",
+                                niceness=5)
 
 
 @pytest.fixture
@@ -109,7 +111,7 @@ def distributed_runs_in_background(request, tmp_path_factory):
     from tests.distributed_runs import run_distributed
 
     yield from background_build(functools.partial(run_distributed, tmp_path_factory.mktemp("distributed")),
-                                "distributed-runs")
+                                "distributed-runs", niceness=10)
 
 
 @pytest.fixture(scope="session")

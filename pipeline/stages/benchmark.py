@@ -489,7 +489,7 @@ FLAG_HELP = {
 
 
 if __name__ == "__main__":
-    from pipeline.startup import hide_sklearn_from_transformers
+    from pipeline.startup import hide_unused_packages_from_transformers
 
-    hide_sklearn_from_transformers()  # each PyTorch timing worker loads a model (pipeline/startup.py)
+    hide_unused_packages_from_transformers()  # each PyTorch timing worker loads a model (pipeline/startup.py)
     sys.exit(worker_cli())
