@@ -5,17 +5,24 @@ the report share them.
 from __future__ import annotations
 
 
-# Models exported for devices, and the stage folder each comes from (the Snakefile, benchmark and report share it
-# through exported_models): the trained models, or with deploy.model set the one model deployed as it is.
-EXPORTED_MODELS = {"student": "distill_squad", "student_ce_only": "student_finetune", "teacher": "teacher"}
+# The models a training DAG trains, and the stage folder each comes from (the Snakefile, benchmark and report share
+# them through trained_models and exported_models); export.models names the ones exported for devices.
+TRAINED_MODELS = {"student": "distill_squad", "student_ce_only": "student_finetune", "teacher": "teacher"}
 
 
 DEPLOYED_MODELS = {"deployed": "deployed_model"}
 
 
+def trained_models(cfg) -> dict[str, str]:
+    """Model name -> stage folder of every model this config's DAG trains, or with deploy.model set the one model
+    deployed as it is."""
+    return DEPLOYED_MODELS if cfg.deploy.model else TRAINED_MODELS
+
+
 def exported_models(cfg) -> dict[str, str]:
-    """Model name -> stage folder of every exported model in this config's DAG."""
-    return DEPLOYED_MODELS if cfg.deploy.model else EXPORTED_MODELS
+    """Model name -> stage folder of every exported model in this config's DAG: the trained models export.models
+    names (in TRAINED_MODELS' order), or the deployed one."""
+    return {name: stage for name, stage in trained_models(cfg).items() if cfg.deploy.model or name in cfg.export.models}
 
 
 def bundled_model(cfg) -> str:

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from pipeline import study_runs
-from pipeline.model_registry import bundled_model, exported_models
+from pipeline.model_registry import bundled_model, exported_models, trained_models
 from pipeline.code_inputs import command_code_files
 from pipeline.config import PipelineConfig, from_dict, to_dict
 from pipeline.data_sources import check_local_files, configured_local_paths, local_data_files
@@ -21,6 +21,7 @@ FULL = to_dict(CFG)
 DEPLOYING = CFG.deploy.model is not None
 ROOT = deploy_root(CFG) if DEPLOYING else CFG.output_root
 EXPORTED_MODELS = exported_models(CFG)  # model name -> the stage folder it comes from
+TRAINED_MODELS = trained_models(CFG)  # the exported ones and those export.models leaves out
 BUNDLED_MODEL = bundled_model(CFG)  # the model the app bundle ships
 PYTHON = sys.executable  # the interpreter running snakemake, i.e. the project's environment
 TEACHER_FROM_SCRATCH = CFG.teacher.pretrained is None  # then rule teacher_pretrain trains the MLM teacher

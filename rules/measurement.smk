@@ -81,6 +81,7 @@ WEB_BENCHMARK = rules.benchmark_web.output[0] if CFG.benchmark.javascript else [
 rule report:
     input:
         benchmark=rules.benchmark.output[0],
+        models=[f"{ROOT}/{stage}" for stage in TRAINED_MODELS.values()],  # their scores, exported or not
         web=WEB_BENCHMARK,
         schema=str(Path(workflow.basedir) / "configs" / "summary.schema.json"),
         code=code("report"),

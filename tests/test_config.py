@@ -1,5 +1,7 @@
 """Typed config: loading, errors that name the key, and the generated schema Snakemake validates against."""
 
+import re
+
 import pytest
 import yaml
 from snakemake.exceptions import WorkflowError
@@ -41,10 +43,13 @@ def test_round_trip_through_plain_dict():
         ({"teacher": {"architecture": {"hidden_size": 30, "num_heads": 4}}}, "teacher.architecture.num_heads"),
         ({"data": "synthetic"}, "data: expected a mapping"),
         ({"compute": {"nodes": 2, "rdzv_endpoint": "head-node"}}, "compute.rdzv_endpoint: 'head-node' is not HOST:PORT"),
+        ({"export": {"models": ["teacher"]}}, "export.models: ['teacher'] leaves out student, the model the bundle"),
+        ({"export": {"models": ["student", "student"]}}, "export.models: ['student', 'student'] lists a model twice"),
+        ({"export": {"models": ["student", "tinybert"]}}, "export.models[1]: 'tinybert' is not one of"),
     ],
 )
 def test_bad_values_fail_naming_the_key(data, message):
-    with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("(", r"\(")):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         from_dict(PipelineConfig, data)
 
 

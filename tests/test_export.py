@@ -407,7 +407,7 @@ def test_the_bundle_weighs_accuracy_before_speed_and_breaks_near_ties_by_size():
 
 
 def test_the_full_size_search_takes_the_recipes_that_passed_everywhere_else_on_the_shipped_model(tmp_path):
-    cfg = tiny_config()
+    cfg = tiny_config(export={"models": ["student", "student_ce_only", "teacher"]})  # as configs/default.yaml
     verdicts = {"teacher": {"int8": False, "int8-x": True}, "student": {"int8": True, "int8-x": False},
                 "student_ce_only": {"int8": True, "int8-x": True}}
     for model, passed in verdicts.items():

@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from pipeline.model_registry import EXPORTED_MODELS
+from pipeline.model_registry import TRAINED_MODELS
 from pipeline.export import int8, onnx_graph
 from pipeline.gates import GateError
 from pipeline.stages import int8_search
@@ -33,7 +33,7 @@ def searched_root(tmp_path_factory):
         int8.quantize_int8(folder / "onnx" / "fp32" / "model.onnx", folder / "onnx" / name / "model.onnx", recipe,
                            False)
     (folder / "full_size.json").write_text(json.dumps({"int8_recipes": {n: r.__dict__ for n, r in RECIPES.items()}}))
-    for model_name in EXPORTED_MODELS:
+    for model_name in TRAINED_MODELS:
         passed = {"int8": True, "int8-plain-qoperator-tensor-att8": True,
                   "int8-plain-qoperator-channel-attfp32": model_name != "teacher"}
         (root / "quantized" / model_name).mkdir(parents=True)
@@ -43,7 +43,8 @@ def searched_root(tmp_path_factory):
 
 
 def search_config():
-    return tiny_config(benchmark={"sequence_lengths": [32], "search_runs": 3, "warmup": 1,
+    return tiny_config(export={"models": list(TRAINED_MODELS)},  # every trained model, as configs/default.yaml
+                       benchmark={"sequence_lengths": [32], "search_runs": 3, "warmup": 1,
                                   "session_options": ["default", "denormals-as-zero"]})
 
 
@@ -68,7 +69,7 @@ def test_the_search_times_only_recipes_that_passed_on_every_model_and_writes_its
 def test_with_no_recipe_passing_anywhere_the_search_stops_naming_the_verdicts(searched_root, tmp_path):
     root = tmp_path / "root"
     shutil.copytree(searched_root, root)
-    for model_name in EXPORTED_MODELS:
+    for model_name in TRAINED_MODELS:
         path = root / "quantized" / model_name / "quantize.json"
         path.write_text(json.dumps({"variants": {name: {"passed": False} for name in RECIPES}}))
     with pytest.raises(GateError, match="no int8 recipe of the full-size build passed its gates"):

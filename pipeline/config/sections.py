@@ -515,11 +515,23 @@ class FullSizeConfig:
 class ExportConfig:
     """From trained PyTorch models to the files an app ships: ONNX, int8/4-bit ONNX, .ort, CoreML, the bundle."""
 
+    models: list[Literal["student", "student_ce_only", "teacher"]] = option(
+        ["student", "student_ce_only", "teacher"],
+        "Trained models exported (ONNX, int8, 4-bit, CoreML), gated and benchmarked. The bundle ships the distilled "
+        "student, which is always among them; the CE-only student and the teacher show what distillation buys on "
+        "device. A deploy (deploy.model) exports the one model it takes.",
+    )
     opset: int | None = option(None, "ONNX opset (null: optimum's default for the architecture).", minimum=11)
     quantize: QuantizeConfig = section(QuantizeConfig, "ONNX quantization.")
     coreml: CoreMLConfig = section(CoreMLConfig, "CoreML conversion.")
     gates: GatesConfig = section(GatesConfig, "Accuracy gates of every export.")
     full_size: FullSizeConfig = section(FullSizeConfig, "Full-size architectures (sizes and latency).")
+
+    def __post_init__(self) -> None:
+        if "student" not in self.models:
+            raise ConfigError(f"export.models: {self.models} leaves out student, the model the bundle ships")
+        if len(set(self.models)) != len(self.models):
+            raise ConfigError(f"export.models: {self.models} lists a model twice")
 
 
 @dataclass

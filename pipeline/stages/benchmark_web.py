@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 from pipeline.artifacts import atomic_write_json, directory_size_bytes, megabytes, read_json
-from pipeline.model_registry import EXPORTED_MODELS, bundled_model, exported_models
+from pipeline.model_registry import TRAINED_MODELS, bundled_model, exported_models
 from pipeline.config import BenchmarkConfig, PipelineConfig
 from pipeline.errors import PipelineError
 from pipeline.machine import cpu_description
@@ -100,7 +100,7 @@ def runtimes(cfg: BenchmarkConfig, browser: bool) -> dict[str, list[int]]:
     return timed
 
 
-STUDENT = ("student", EXPORTED_MODELS["student"])  # the bundled model of the training DAG, and its stage folder
+STUDENT = ("student", TRAINED_MODELS["student"])  # the bundled model of the training DAG, and its stage folder
 
 
 def models_to_time(root: Path, with_full_size: bool = True, bundled: tuple[str, str] = STUDENT) -> list[dict]:

@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 
 from pipeline.artifacts import atomic_write_json, atomic_write_text, read_json
-from pipeline.model_registry import bundled_model, exported_models
+from pipeline.model_registry import bundled_model, exported_models, trained_models
 from pipeline.config import PipelineConfig
 
 logger = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ def summary(cfg: PipelineConfig, root: Path, benchmark: dict) -> dict:
     by_name = {item["name"]: item for item in items}
     longest = max(cfg.benchmark.sequence_lengths)
     models = {}
-    for name, stage in exported_models(cfg).items():
+    for name, stage in trained_models(cfg).items():  # exported or not (export.models)
         metrics = read_json(root / stage / "metrics.json")
         models[name] = {"params": parameter_count(root / stage), "exact_match": metrics["exact_match"],
                         "f1": metrics["f1"]}
