@@ -90,23 +90,22 @@ def model_inputs(batch: dict[str, torch.Tensor], model: torch.nn.Module) -> dict
 def predict_window_logits(
     model: torch.nn.Module, windows: datasets.Dataset, batch_size: int, device: torch.device
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Start and end logits for every window, as float32 numpy arrays."""
+    """Start and end logits for every window, as float32 numpy arrays; positions past the longest window of a
+    window's batch (squad.batches_by_length) get a score no answer can win with."""
     was_training = model.training
     model.eval()
     columns = [c for c in MODEL_INPUT_NAMES if c in windows.column_names]
     tensors = _columns_as_tensors(windows, columns)
-    full_length = tensors["input_ids"].shape[1]
-    starts, ends = [], []
-    for begin in range(0, len(windows), batch_size):
-        # Run only up to the batch's longest window; padded positions get a score no answer can win with.
-        length = int(tensors["attention_mask"][begin : begin + batch_size].sum(dim=1).max())
-        batch = {c: t[begin : begin + batch_size, :length].to(device) for c, t in tensors.items()}
+    starts = np.full(tuple(tensors["input_ids"].shape), -1e4, dtype=np.float32)
+    ends = np.full(tuple(tensors["input_ids"].shape), -1e4, dtype=np.float32)
+    for rows, length in squad.batches_by_length(tensors["attention_mask"].sum(dim=1).numpy(), batch_size):
+        index = torch.from_numpy(rows)
+        batch = {c: t[index, :length].to(device) for c, t in tensors.items()}
         output = model(**model_inputs(batch, model))
-        pad = (0, full_length - length)
-        starts.append(torch.nn.functional.pad(output.start_logits.float().cpu(), pad, value=-1e4).numpy())
-        ends.append(torch.nn.functional.pad(output.end_logits.float().cpu(), pad, value=-1e4).numpy())
+        starts[rows, :length] = output.start_logits.float().cpu().numpy()
+        ends[rows, :length] = output.end_logits.float().cpu().numpy()
     model.train(was_training)
-    return np.concatenate(starts), np.concatenate(ends)
+    return starts, ends
 
 
 def evaluate_qa(

@@ -94,10 +94,9 @@ def test_window_logits_are_the_models_in_eval_mode_padded_with_a_losing_score(ex
     assert np.allclose(start[real], full.start_logits.numpy()[real], atol=1e-5)
     assert np.allclose(end[real], full.end_logits.numpy()[real], atol=1e-5)
     n_padded = 0
-    for begin in range(0, len(windows), 2):  # past each batch's longest window: a score no answer wins with
-        length = real[begin : begin + 2].sum(axis=1).max()
-        assert (start[begin : begin + 2, length:] == -1e4).all() and (end[begin : begin + 2, length:] == -1e4).all()
-        n_padded += start[begin : begin + 2, length:].size
+    for rows, length in squad.batches_by_length(real.sum(axis=1), 2):  # past each batch's longest window: a
+        assert (start[rows, length:] == -1e4).all() and (end[rows, length:] == -1e4).all()  # score no answer wins
+        n_padded += start[rows, length:].size
     assert n_padded > 0
     one_batch = qa.predict_window_logits(model, windows, batch_size=64, device=torch.device("cpu"))
     assert np.allclose(one_batch[0][real], start[real], atol=1e-5)

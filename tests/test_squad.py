@@ -18,6 +18,7 @@ from transformers import PreTrainedTokenizerFast
 from pipeline.data import DataError, load_squad
 from pipeline.squad import (
     answer_token_span,
+    batches_by_length,
     evaluate_predictions_main,
     exact_match_score,
     f1_score,
@@ -298,6 +299,16 @@ def logits_with(features, peaks: dict[tuple[int, int], float]) -> np.ndarray:
     for (window, position), value in peaks.items():
         logits[window, position] = value
     return logits
+
+
+def test_batches_by_length_cover_every_window_once_shortest_first_with_each_batchs_longest_length():
+    lengths = np.array([50, 384, 12, 200, 50, 7, 384])
+    batches = list(batches_by_length(lengths, 3))
+    assert [rows.tolist() for rows, _ in batches] == [[5, 2, 0], [4, 3, 1], [6]]  # ties in window order
+    assert [length for _, length in batches] == [50, 384, 384]
+    assert sum(length * len(rows) for rows, length in batches) < sum(
+        lengths[begin : begin + 3].max() * len(lengths[begin : begin + 3]) for begin in range(0, 7, 3))
+    assert list(batches_by_length(np.array([], dtype=np.int64), 3)) == []
 
 
 def test_best_span_is_picked_across_windows(two_window_seine):

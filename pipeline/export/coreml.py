@@ -186,10 +186,7 @@ def proxy_predictions(wrapped: torch.nn.Module, dev, features, cfg: PipelineConf
     mask = np.asarray(features.with_format("numpy")["attention_mask"])
     starts = np.full(ids.shape, -1e4, dtype=np.float32)
     ends = np.full(ids.shape, -1e4, dtype=np.float32)
-    batch_size = cfg.squad.eval_batch_size
-    for begin in range(0, len(ids), batch_size):
-        rows = slice(begin, begin + batch_size)
-        length = int(mask[rows].sum(axis=1).max())
+    for rows, length in squad.batches_by_length(mask.sum(axis=1), cfg.squad.eval_batch_size):
         input_ids = torch.from_numpy(ids[rows, :length]).to(torch.int32)
         attention_mask = torch.from_numpy(mask[rows, :length]).to(torch.int32)
         start, end = model(input_ids, attention_mask) if model.mask_input else model(input_ids)
