@@ -16,11 +16,11 @@ from huggingface_hub import ModelCard
 
 from pipeline import onnx_qa
 from pipeline.deploy import DeployError, check_local_model
-from pipeline.export import coreml, onnx_graph
+from pipeline.export import coreml, model_types, onnx_graph
 from pipeline.gates import GateError
 from pipeline.stages import bundle, deploy_model, export_coreml, export_onnx, prepare_data, quantize
 from tests.conftest import PROJECT_ROOT, SHARED_SQUAD_SAMPLE
-from tests.deploy_run import tiny_qa_model_with_its_own_vocabulary
+from tests.deploy_run import TINY_QA_CONFIGS, tiny_qa_model_with_its_own_vocabulary
 from tests.stage_fixtures import tiny_config
 
 CLIENT = PROJECT_ROOT / "clients" / "web"
@@ -165,6 +165,21 @@ def test_the_javascript_client_gives_the_python_answerers_windows_token_types_an
         assert figures["windows_differing"] == 0, (backend, figures["first_differences"])
         assert figures["answer_agreement"] == 1.0, (backend, figures["answers_differing"])
         assert figures["answer_spans_same"] == N_QUESTIONS and figures["utf16_spans_wrong"] == [], backend
+
+
+@pytest.mark.parametrize("model_type", [*TINY_QA_CONFIGS, "distilbert"])
+def test_the_attention_shape_read_from_config_json_is_transformers_own(model_type, tmp_path):
+    from transformers import AutoConfig
+
+    shapes = {**TINY_QA_CONFIGS, "distilbert": dict(dim=32, n_heads=4, hidden_dim=64, n_layers=2)}
+    config = AutoConfig.for_model(model_type, vocab_size=100, **shapes[model_type])
+    config.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    width = getattr(config, "true_hidden_size", config.hidden_size)  # MobileBERT attends at its bottleneck width
+    assert model_types.attention_shape(saved, "here") == (config.num_attention_heads, width)
+    del saved["n_heads" if model_type == "distilbert" else "num_attention_heads"]
+    with pytest.raises(ValueError, match="here: no (n_heads|num_attention_heads)"):
+        model_types.attention_shape(saved, "here")
 
 
 def test_a_type_the_exporters_do_not_take_is_refused_naming_the_folder_its_type_and_what_it_lacks(tmp_path):

@@ -63,6 +63,24 @@ def model_type_of(model_type: str | None, where: str) -> ModelType:
     return EXPORTABLE[model_type]
 
 
+# Where each type's config.json holds its attention's head count and width (transformers' saved names): DistilBERT
+# names them its own way, and MobileBERT attends at its bottleneck width, true_hidden_size.
+ATTENTION_SHAPE_KEYS = {"distilbert": ("n_heads", "dim"), "mobilebert": ("num_attention_heads", "true_hidden_size")}
+BERT_ATTENTION_SHAPE_KEYS = ("num_attention_heads", "hidden_size")
+
+
+def attention_shape(config: dict, where: str) -> tuple[int, int]:
+    """(heads, width) of the attention of the model whose config.json is `config`.
+
+    Read from the file rather than through transformers' AutoConfig: that import brings transformers and torch
+    (2 CPU-seconds) into the stages that are otherwise free of them (quantize_onnx builds the fused graphs)."""
+    keys = ATTENTION_SHAPE_KEYS.get(config.get("model_type"), BERT_ATTENTION_SHAPE_KEYS)
+    missing = [key for key in keys if key not in config]
+    if missing:
+        raise ValueError(f"{where}: no {' or '.join(missing)} (a {config.get('model_type')} config holds both)")
+    return int(config[keys[0]]), int(config[keys[1]])
+
+
 def supported_types() -> str:
     """"BERT (bert), DistilBERT (distilbert), ...": the names users know and the model_type values."""
     return ", ".join(f"{model_type.name} ({key})" for key, model_type in EXPORTABLE.items())

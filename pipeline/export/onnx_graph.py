@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from pipeline import onnx_qa
-from pipeline.export.model_types import model_type_of
+from pipeline.artifacts import read_json
+from pipeline.export.model_types import attention_shape, model_type_of
 from pipeline.gates import GateError
 
 FUSED_OPS = ("Attention", "MultiHeadAttention", "SkipLayerNormalization", "EmbedLayerNormalization", "BiasGelu",
@@ -36,17 +37,14 @@ def optimize_graph(fp32_dir: Path, out_dir: Path, fuse_attention: bool = True) -
     fuse_attention=False keeps attention as plain MatMul/Softmax nodes and fuses the rest (an int8 search graph)."""
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
-    from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(fp32_dir)
+    heads, width = attention_shape(read_json(fp32_dir / "config.json"), f"{fp32_dir}/config.json")
     options = FusionOptions("bert")
     options.enable_attention = fuse_attention
     # model_type "bert" for every exportable type (onnxruntime has no DistilBERT, ELECTRA or MobileBERT type; what
-    # its BERT fusions find in each is in pipeline/export/model_types.py). MobileBERT's attention is narrower than
-    # its hidden states (true_hidden_size, the bottleneck width).
-    attention_width = getattr(config, "true_hidden_size", config.hidden_size)
-    optimized = optimize_model(str(fp32_dir / MODEL_FILE), model_type="bert", num_heads=config.num_attention_heads,
-                               hidden_size=attention_width, optimization_options=options)
+    # its BERT fusions find in each is in pipeline/export/model_types.py).
+    optimized = optimize_model(str(fp32_dir / MODEL_FILE), model_type="bert", num_heads=heads, hidden_size=width,
+                               optimization_options=options)
     out_dir.mkdir(parents=True, exist_ok=True)
     optimized.save_model_to_file(str(out_dir / MODEL_FILE))
     for path in fp32_dir.iterdir():  # config and tokenizer, so the folder loads like the fp32 one
