@@ -27,14 +27,16 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
-import torch
 
 from pipeline.manifests import read_manifest
 from pipeline.config import ConfigError, DataConfig
 from pipeline.data_sources import looks_like_a_path
+
+if TYPE_CHECKING:
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -384,6 +386,8 @@ class TokenizedCorpus:
         self.doc_is_heldout = np.load(self.directory / "doc_is_heldout.npy")
 
     def token_counts(self) -> torch.Tensor:
+        import torch  # here, not at the top: the stages that make the corpus read this module and need no torch
+
         return torch.from_numpy(np.load(self.directory / "token_counts.npy"))
 
     def sequences(self, split: str, max_seq_length: int) -> "CorpusSequences":
@@ -441,9 +445,11 @@ def chunk_documents(doc_offsets: np.ndarray, documents: np.ndarray, max_seq_leng
     return starts[keep], lengths[keep].astype(np.int32)
 
 
-class CorpusSequences(torch.utils.data.Dataset):
+class CorpusSequences:
     """Sequences (ids without [CLS]/[SEP]) read from the memory-mapped ids file (see read_ids); holds only the
-    sequences' starts and lengths, so it is cheap to pickle into loader workers."""
+    sequences' starts and lengths, so it is cheap to pickle into loader workers. A map-style dataset for torch's
+    DataLoader (its __len__ and __getitem__ are all the loader reads), defined without importing torch: the stages
+    that make the corpus (prepare_data, tokenizer, tokenize_corpus) read this module and need no torch."""
 
     def __init__(self, ids_path: Path, dtype: np.dtype, n_tokens: int, starts: np.ndarray, lengths: np.ndarray):
         self.ids_path, self.dtype, self.n_tokens = Path(ids_path), dtype, n_tokens
