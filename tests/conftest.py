@@ -72,7 +72,7 @@ def dag_run_in_background(request, tmp_path_factory):
     from tests.dag_run import run_dag_killed_and_recovered
 
     yield from background_build(functools.partial(run_dag_killed_and_recovered, tmp_path_factory.mktemp("dag")),
-                                "dag-run", niceness=0)
+                                "dag-run", niceness=2)
 
 
 @pytest.fixture(scope="session")
@@ -92,7 +92,7 @@ def documented_offline_deploy_in_background(request, tmp_path_factory):
 
     prepared = prepare_documented_deploy(tmp_path_factory.mktemp("documented_deploy"), SHARED_SQUAD_SAMPLE)
     yield from background_build(functools.partial(run_documented_deploy, *prepared), "documented-deploy",
-                                niceness=5)
+                                niceness=0)
 
 
 @pytest.fixture
