@@ -142,7 +142,10 @@ def test_the_report_summary_follows_its_schema_and_every_timed_artifact_has_numb
     assert summary["models"]["student"]["params"] < summary["models"]["teacher"]["params"]
     for plot in ("f1_vs_size.png", "f1_vs_latency.png", "loss_curves.png"):
         assert (dag_outputs / "report" / plot).read_bytes()[:4] == b"\x89PNG"
-    assert "## Goals" in (dag_outputs / "report" / "report.md").read_text()
+    report_text = (dag_outputs / "report" / "report.md").read_text()
+    assert "## Goals" in report_text
+    assert "| student_ce_only |" in report_text  # trained and scored, though export.models leaves it out
+    assert "Not exported (export.models): student_ce_only; trained and scored above only." in report_text
 
 
 def test_snakemake_builds_its_html_report(dag_run, tmp_path):

@@ -560,6 +560,9 @@ def report_markdown(cfg: PipelineConfig, summary_data: dict, benchmark: dict, go
     ]
     for name, model in summary_data["models"].items():
         lines.append(f"| {name} | {model['params']:,} | {model['exact_match']:.2f} | {model['f1']:.2f} |")
+    not_exported = [name for name in summary_data["models"] if name not in exported_models(cfg)]
+    if not_exported:
+        lines += ["", f"Not exported (export.models): {', '.join(not_exported)}; trained and scored above only."]
     which = "the deployed model" if cfg.deploy.model else "the trained models"
     lines += ["", f"## Artifacts of {which}", "", artifact_table(summary_data["artifacts"], cfg), "",
               "CoreML F1 is that of the PyTorch-side compressed proxy run in float16 ('pytorch-proxy'). "
