@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from pipeline import squad
+
 NO_GOLD_POSITION = -1  # start/end label of an augmented window: the task loss skips it
 
 
@@ -68,18 +70,16 @@ def augment_windows(
     eligible = replaceable_positions(windows["input_ids"], windows["attention_mask"], tokenizer)
     mlm.eval()
     head = _mlm_head(mlm)
-    lengths = windows["attention_mask"].sum(dim=1)
     # Windows are right-padded; batches of similar length, each cut to its longest window, skip most padding.
-    by_length = lengths.argsort()
+    batches = list(squad.batches_by_length(windows["attention_mask"].sum(dim=1).numpy(), batch_size))
     augmented_ids = []
     for _ in range(copies):
         ids = windows["input_ids"].clone()
         chosen = eligible & (torch.rand(ids.shape, generator=generator) < replace_probability)
         # One uniform draw per chosen position picks among the K candidates (TinyBERT samples uniformly).
         picks = torch.randint(0, top_k, ids.shape, generator=generator)
-        for begin in range(0, len(ids), batch_size):
-            rows = by_length[begin : begin + batch_size]
-            length = int(lengths[rows].max())
+        for rows, length in batches:
+            rows = torch.from_numpy(rows)
             batch_chosen = chosen[rows, :length]
             if not batch_chosen.any():
                 continue

@@ -118,9 +118,15 @@ def check_layer_mappings():
 check_layer_mappings()
 
 
-def stage_config(*sections):
-    """The config sections a stage reads, as JSON: editing another section does not rerun it."""
-    return json.dumps({name: FULL[name] for name in sections}, sort_keys=True)
+def stage_config(*sections, export_models=False):
+    """The config sections a stage reads, as JSON: editing another section does not rerun it. export.models only
+    with `export_models`: which models are exported decides which export jobs run, not what any of them computes,
+    so it reaches only the rules that read the whole set (the int8 search, the benchmark, the report), and adding
+    a model does not rerun the others' exports."""
+    sections = {name: FULL[name] for name in sections}
+    if "export" in sections and not export_models:
+        sections["export"] = {key: value for key, value in sections["export"].items() if key != "models"}
+    return json.dumps(sections, sort_keys=True)
 
 
 # The launch settings that change what training computes (the number of ranks, the precision).
@@ -132,10 +138,10 @@ FIRST_SLURM_NODE_ENDPOINT = '"$(scontrol show hostnames "$SLURM_JOB_NODELIST" | 
 
 def search_config():
     """The settings the int8 search reads: its timing settings, not the rest of the benchmark section (a change of
-    benchmark.runs does not search again)."""
+    benchmark.runs does not search again), and the exported models whose gate verdicts it reads."""
     keys = ("sequence_lengths", "warmup", "search_runs", "session_options")
-    return json.dumps({"benchmark": {key: FULL["benchmark"][key] for key in keys}, "deploy": FULL["deploy"]},
-                      sort_keys=True)
+    return json.dumps({"benchmark": {key: FULL["benchmark"][key] for key in keys}, "deploy": FULL["deploy"],
+                       "export": {"models": FULL["export"]["models"]}}, sort_keys=True)
 
 
 def training_config(*sections):

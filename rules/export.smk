@@ -1,4 +1,4 @@
-# Export: each trained model (or the deployed one) to ONNX (fp32 and fused), its int8 and 4-bit graphs, CoreML
+# Export: each model export.models names (or the deployed one) to ONNX (fp32 and fused), its int8 and 4-bit graphs, CoreML
 # packages; the full-size architectures through the same path (sizes and latency), BERT-base's int8 graph with the
 # searched recipe, the peers and the GEMM floor graph the benchmark times; the app bundle.
 

@@ -3,7 +3,7 @@
 
 
 # Which int8 recipe and session options the full-size DistilBERT runs fastest with, among the recipes that passed
-# their gates on every trained model. It times: it takes every core, so nothing runs beside the timed runs.
+# their gates on every exported model. It times: it takes every core, so nothing runs beside the timed runs.
 rule int8_search:
     input:
         full_size=f"{ROOT}/full_size/distilbert",
@@ -41,7 +41,7 @@ rule benchmark:
     output:
         directory(f"{ROOT}/benchmark"),
     params:
-        cfg=stage_config("seed", "squad", "export", "benchmark", "deploy"),
+        cfg=stage_config("seed", "squad", "export", "benchmark", "deploy", export_models=True),
         root=ROOT,
     log:
         log_file("benchmark"),
@@ -94,7 +94,7 @@ rule report:
         **({} if DEPLOYING else {"loss_curves": report(f"{ROOT}/report/loss_curves.png", category="Training",
                                                        caption=caption("loss_curves"))}),
     params:
-        cfg=stage_config("squad", "export", "benchmark", "deploy"),
+        cfg=stage_config("squad", "export", "benchmark", "deploy", export_models=True),
         root=ROOT,
         out_dir=f"{ROOT}/report",
         web=lambda wildcards, input: str(input.web) if input.web else "",  # '': no JavaScript timings

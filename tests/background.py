@@ -48,12 +48,6 @@ def kill_with_descendants(pid: int) -> None:
     psutil.wait_procs(processes, timeout=10)
 
 
-
-
-def _autogroup_file(pid: int) -> Path:
-    return Path(f"/proc/{pid}/autogroup")
-
-
 def yield_autogroups_to_the_tests(build_pid: int, niceness: int, stop: threading.Event) -> None:
     """Gives every new session below the build the build's niceness, until `stop` is set.
 
@@ -61,27 +55,36 @@ def yield_autogroups_to_the_tests(build_pid: int, niceness: int, stop: threading
     its own session's processes, and each session gets an equal share of the CPU. The commands a build starts in a
     session of their own (start() below; torchrun starts each rank so) would then take a core from the tests
     whatever their niceness (a test ran at a third of its speed beside the torchrun ranks). A session's own
-    niceness is set in /proc/PID/autogroup. Without autogroups (or /proc) there is nothing to do."""
-    if not _autogroup_file(build_pid).exists():
+    niceness is set in /proc/PID/autogroup ("/autogroup-ID nice N"). Each group is read and set through one open
+    file, which stays bound to its process, and known by its id, which Linux never reuses: a process that ends
+    meanwhile, or a pid taken again, never renices another group. The build's own group, the tests' session, is
+    left as it is. Without autogroups (or /proc), or where they cannot be set, there is nothing to do."""
+    own = Path(f"/proc/{build_pid}/autogroup")
+    if not own.is_file():
         return
-    niced_sessions = {os.getsid(build_pid)}  # the tests' own session: the build's niceness ranks it there
+    niced_groups = {own.read_text().split()[0]}
     while not stop.wait(0.2):
-        with contextlib.suppress(psutil.NoSuchProcess):
-            descendants = psutil.Process(build_pid).children(recursive=True)
-        for process in descendants:
-            with contextlib.suppress(OSError):  # ended meanwhile; or EAGAIN: Linux takes one change per 0.1 s
-                session = os.getsid(process.pid)
-                if session not in niced_sessions:
-                    _autogroup_file(process.pid).write_text(str(niceness))
-                    niced_sessions.add(session)
+        for process in psutil.Process(build_pid).children(recursive=True):
+            try:
+                with open(f"/proc/{process.pid}/autogroup", "r+b", buffering=0) as autogroup:
+                    group = autogroup.read().split()[0].decode()
+                    if group not in niced_groups:
+                        autogroup.seek(0)
+                        autogroup.write(str(niceness).encode())
+                        niced_groups.add(group)
+            except (FileNotFoundError, ProcessLookupError, BlockingIOError):
+                continue  # ended meanwhile; or EAGAIN: Linux takes one change per 0.1 s, the next round retries
+            except OSError:
+                return  # not ours to set (EPERM, EACCES): the builds run at their niceness within sessions only
 
 
 def _build_and_send(build: Callable, niceness: int, connection) -> None:
     """The build process: `build(run=run, start=start)`, and what it returned or raised sent back."""
-    os.nice(niceness)  # ranks it below the tests in their session; what it starts inherits it
+    os.nice(niceness)  # ranks it among the tests' session; what it starts inherits it
     stop_nicing = threading.Event()
-    threading.Thread(target=yield_autogroups_to_the_tests, args=(os.getpid(), niceness, stop_nicing),
-                     daemon=True).start()
+    if niceness:  # a new session's autogroup starts at 0 already
+        threading.Thread(target=yield_autogroups_to_the_tests, args=(os.getpid(), niceness, stop_nicing),
+                         daemon=True).start()
     try:
         outcome = build(run=run, start=start)
     except BaseException as error:  # raised again by result(), in the test that reads the build
@@ -92,9 +95,9 @@ def _build_and_send(build: Callable, niceness: int, connection) -> None:
 
 
 class InBackground:
-    """`build(run=..., start=...)` in a spawned process at `niceness` (it and every command it starts), below the
-    tests: the tests run one after another, so a test that waits for a core holds up the whole session, while a
-    build fills whatever the tests leave idle. `build` and what it returns must pickle (module-level functions,
+    """`build(run=..., start=...)` in a spawned process at `niceness` (it and every command it starts): a build
+    with a long chain of jobs that must run one after another runs beside the tests at their priority, the others
+    below them, filling whatever the tests leave idle (tests/conftest.py gives each build its own). `build` and what it returns must pickle (module-level functions,
     dataclasses of paths and completed processes)."""
 
     def __init__(self, build: Callable, name: str, niceness: int):

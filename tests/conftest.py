@@ -39,8 +39,9 @@ def exported_student(tmp_path_factory) -> dict:
 
 
 # Builds that start with the session and run in the background (tests/background.py), and the fixture each
-# test that reads one asks for. Each runs at a niceness of its own, below the tests: the DAG, whose jobs run one
-# after another, first; the torchrun ranks, short and side by side, last.
+# test that reads one asks for. Each runs at a niceness of its own: the documented deploy, the longest chain of
+# jobs that run one after another, at the tests' own; the DAG's just below; the torchrun ranks, short and side by
+# side, last. So the builds end about when the tests that do not read them do.
 BACKGROUND_BUILDS = ("dag_run", "documented_offline_deploy", "distributed_runs")
 
 

@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+import torch
 from transformers import BertConfig, BertForMaskedLM, BertForQuestionAnswering
 
 from pipeline.artifacts import atomic_write_json
@@ -32,10 +33,12 @@ def build_tiny_artifacts(root: Path, cfg: PipelineConfig | None = None) -> dict[
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(paths["tokenizer"])
-    mlm_teacher = BertForMaskedLM(teacher_config_from_scratch(cfg, tok))
-    mlm_teacher.save_pretrained(paths["mlm_teacher"])
-    tok.save_pretrained(paths["mlm_teacher"])
-    qa_teacher = BertForQuestionAnswering.from_pretrained(paths["mlm_teacher"])
+    with torch.random.fork_rng():  # the same weights in every session, whatever ran before; the caller's stream stays
+        torch.manual_seed(0)
+        mlm_teacher = BertForMaskedLM(teacher_config_from_scratch(cfg, tok))
+        mlm_teacher.save_pretrained(paths["mlm_teacher"])
+        tok.save_pretrained(paths["mlm_teacher"])
+        qa_teacher = BertForQuestionAnswering.from_pretrained(paths["mlm_teacher"])
     qa_teacher.save_pretrained(paths["qa_teacher"])
     tok.save_pretrained(paths["qa_teacher"])
     atomic_write_json(paths["qa_teacher"] / "metrics.json", {"exact_match": 1.0, "f1": 2.0})

@@ -180,6 +180,8 @@ def test_the_attention_shape_read_from_config_json_is_transformers_own(model_typ
     del saved["n_heads" if model_type == "distilbert" else "num_attention_heads"]
     with pytest.raises(ValueError, match="here: no (n_heads|num_attention_heads)"):
         model_types.attention_shape(saved, "here")
+    with pytest.raises(ValueError, match="here: model_type 'roberta' is not one the export path takes"):
+        model_types.attention_shape({**saved, "model_type": "roberta"}, "here")
 
 
 def test_a_type_the_exporters_do_not_take_is_refused_naming_the_folder_its_type_and_what_it_lacks(tmp_path):

@@ -6,6 +6,7 @@ import contextlib
 import importlib
 import inspect
 import io
+import json
 import shlex
 import textwrap
 import traceback
@@ -76,6 +77,25 @@ def test_every_planned_stage_command_parses_with_its_stages_own_command_line(tmp
             config_from_json(values.cfg)  # the sections the rule passes load as the typed config
             planned.add(command)
     assert planned == set(STAGES)
+
+
+def test_export_models_reaches_the_rules_that_read_the_set_and_leaves_the_exports_as_they_were(tmp_path):
+    """Which models are exported decides which export jobs run: each export job's config is the same whatever
+    export.models says (adding a model reruns nothing), and the int8 search, the benchmark and the report get it."""
+    full_size = {"full_size": {"architectures": ["distilbert"]}}
+    configs = {}
+    for models in (["student", "teacher"], ["student", "student_ce_only", "teacher"]):
+        commands = planned_stage_commands(tmp_path / "_".join(models), [CONFIGS / "test.yaml"],
+                                          {"export": {"models": models, **full_size}}, None)
+        for command, flags in commands:
+            cfg = json.loads(parse(command, flags).cfg)
+            configs.setdefault(command, {})[tuple(models)] = cfg
+            reads_the_set = command in ("int8-search", "benchmark", "report")
+            assert ("models" in cfg.get("export", {})) == reads_the_set, command
+            if reads_the_set:
+                assert cfg["export"]["models"] == models, command
+    for command in ("export-onnx", "quantize-onnx", "export-coreml", "bundle", "export-full-size"):
+        assert len({json.dumps(cfg, sort_keys=True) for cfg in configs[command].values()}) == 1, command
 
 
 @pytest.mark.parametrize("command", sorted(STAGES))

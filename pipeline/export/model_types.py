@@ -26,6 +26,8 @@ class ModelType:
     skip_layer_norms_per_layer: int | None  # fused SkipLayerNormalization nodes per layer; None: not checked
     token_types: bool  # segment embeddings: the graph takes token_type_ids, and the CoreML wrapper derives them
     sdpa: bool  # transformers has an sdpa attention for it (else eager: it adds the wrapper's mask as it is too)
+    # where its config.json holds the attention's head count and width, as transformers saves them
+    attention_keys: tuple[str, str] = ("num_attention_heads", "hidden_size")
 
 
 # MobileBERT (Sun et al. 2020, the model of onnxruntime's own mobile question-answering sample): no attention fuses,
@@ -37,12 +39,12 @@ class ModelType:
 # onnxruntime's basic graph optimizations only); a "layer_norm" one fuses one per residual add of its bottlenecks
 # and stacked feed-forward blocks.
 MOBILEBERT = ModelType("MobileBERT", attention_fusions_per_layer=0, skip_layer_norms_per_layer=None, token_types=True,
-                       sdpa=False)
+                       sdpa=False, attention_keys=("num_attention_heads", "true_hidden_size"))  # its bottleneck width
 
 EXPORTABLE: dict[str, ModelType] = {
     # One Attention per layer and a SkipLayerNormalization after each of its two sublayers.
     "bert": ModelType("BERT", 1, 2, token_types=True, sdpa=True),
-    "distilbert": ModelType("DistilBERT", 1, 2, token_types=False, sdpa=True),
+    "distilbert": ModelType("DistilBERT", 1, 2, token_types=False, sdpa=True, attention_keys=("n_heads", "dim")),
     # ELECTRA's encoder is BERT's; where its embeddings are narrower than its layers (ELECTRA-small), the
     # projection between them is one more MatMul that the attention fusion of the first layer passes by.
     "electra": ModelType("ELECTRA", 1, 2, token_types=True, sdpa=False),
@@ -63,22 +65,16 @@ def model_type_of(model_type: str | None, where: str) -> ModelType:
     return EXPORTABLE[model_type]
 
 
-# Where each type's config.json holds its attention's head count and width (transformers' saved names): DistilBERT
-# names them its own way, and MobileBERT attends at its bottleneck width, true_hidden_size.
-ATTENTION_SHAPE_KEYS = {"distilbert": ("n_heads", "dim"), "mobilebert": ("num_attention_heads", "true_hidden_size")}
-BERT_ATTENTION_SHAPE_KEYS = ("num_attention_heads", "hidden_size")
-
-
 def attention_shape(config: dict, where: str) -> tuple[int, int]:
-    """(heads, width) of the attention of the model whose config.json is `config`.
+    """(heads, width) of the attention of the model whose config.json (at `where`) is `config`.
 
     Read from the file rather than through transformers' AutoConfig: that import brings transformers and torch
     (2 CPU-seconds) into the stages that are otherwise free of them (quantize_onnx builds the fused graphs)."""
-    keys = ATTENTION_SHAPE_KEYS.get(config.get("model_type"), BERT_ATTENTION_SHAPE_KEYS)
-    missing = [key for key in keys if key not in config]
+    model_type = model_type_of(config.get("model_type"), where)
+    missing = [key for key in model_type.attention_keys if key not in config]
     if missing:
-        raise ValueError(f"{where}: no {' or '.join(missing)} (a {config.get('model_type')} config holds both)")
-    return int(config[keys[0]]), int(config[keys[1]])
+        raise ValueError(f"{where}: no {' or '.join(missing)} (a {model_type.name} config holds both)")
+    return tuple(int(config[key]) for key in model_type.attention_keys)
 
 
 def supported_types() -> str:

@@ -20,7 +20,7 @@ accurate one (paired bootstrap of their F1 difference), and of these the fastest
 machine (batch 1, max_seq_length tokens, 1 thread; quantize.json keeps the runner-up and every timing): which one
 wins depends on the CPU. The recipes, their builder, the timer (pipeline.latency) and the ranking by latency are
 the ones of the full-size search that the speed goals are about (rule int8_search, on the full-size DistilBERT,
-over the recipes that passed on every trained model).
+over the recipes that passed on every exported model).
 """
 
 from __future__ import annotations

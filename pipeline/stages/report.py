@@ -462,7 +462,7 @@ def search_section(search: dict) -> list[str]:
     """The int8 search: every candidate's timing, the session options tried, the choice and its runner-up."""
     choice, runner_up = search["choice"], search["runner_up"]
     lines = ["## int8 search (full-size DistilBERT)", "",
-             f"Every int8 recipe that passed its accuracy gates on all trained models, timed round-robin at seq "
+             f"Every int8 recipe that passed its accuracy gates on every exported model, timed round-robin at seq "
              f"{search['sequence_length']}, {search['threads']} thread, {search['runs']} runs each; the two fastest "
              "again under each session option set.", "",
              "| recipe | graph | format | weight scales | attention MatMuls | p50 ms | p90 ms |",
