@@ -1,6 +1,6 @@
-# Export: each model export.models names (or the deployed one) to ONNX (fp32 and fused), its int8 and 4-bit graphs, CoreML
-# packages; the full-size architectures through the same path (sizes and latency), BERT-base's int8 graph with the
-# searched recipe, the peers and the GEMM floor graph the benchmark times; the app bundle.
+# Export: each model export.models names (or the deployed one) to ONNX (fp32 and fused), its int8 and 4-bit graphs,
+# CoreML packages; the full-size architectures through the same path (sizes and latency), BERT-base's int8 graph
+# with the searched recipe, the peers and the GEMM floor graph the benchmark times; the app bundle.
 
 
 # Target deploy: the QA model of deploy.model, taken as it is; its dev answers are what every export is gated on.

@@ -80,7 +80,7 @@ def yield_autogroups_to_the_tests(build_pid: int, niceness: int, stop: threading
 
 def _build_and_send(build: Callable, niceness: int, connection) -> None:
     """The build process: `build(run=run, start=start)`, and what it returned or raised sent back."""
-    os.nice(niceness)  # ranks it among the tests' session; what it starts inherits it
+    os.nice(niceness)  # ranks it within the tests' session; what it starts inherits it
     stop_nicing = threading.Event()
     if niceness:  # a new session's autogroup starts at 0 already
         threading.Thread(target=yield_autogroups_to_the_tests, args=(os.getpid(), niceness, stop_nicing),
@@ -97,13 +97,14 @@ def _build_and_send(build: Callable, niceness: int, connection) -> None:
 class InBackground:
     """`build(run=..., start=...)` in a spawned process at `niceness` (it and every command it starts): a build
     with a long chain of jobs that must run one after another runs beside the tests at their priority, the others
-    below them, filling whatever the tests leave idle (tests/conftest.py gives each build its own). `build` and what it returns must pickle (module-level functions,
-    dataclasses of paths and completed processes)."""
+    below them, filling whatever the tests leave idle (tests/conftest.py gives each build its own). `build` and
+    what it returns must pickle (module-level functions, dataclasses of paths and completed processes)."""
 
     def __init__(self, build: Callable, name: str, niceness: int):
         context = multiprocessing.get_context("spawn")
         self._receiving, sending = context.Pipe(duplex=False)
-        self._process = context.Process(target=_build_and_send, args=(build, niceness, sending), name=name, daemon=True)
+        self._process = context.Process(target=_build_and_send, args=(build, niceness, sending), name=name,
+                                        daemon=True)
         self._process.start()
         sending.close()  # the parent keeps only its receiving end: a build that dies closes the pipe
         self._outcome = None

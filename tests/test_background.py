@@ -23,7 +23,8 @@ line = Path(f"/proc/{command.pid}/autogroup")
 deadline = time.monotonic() + 10
 while time.monotonic() < deadline and not line.read_text().strip().endswith("nice 7"):
     time.sleep(0.05)
-print(json.dumps({"started": line.read_text().split()[-1], "own": Path("/proc/self/autogroup").read_text().split()[-1]}))
+own = Path("/proc/self/autogroup").read_text().split()[-1]
+print(json.dumps({"started": line.read_text().split()[-1], "own": own}))
 stop.set()
 command.kill()
 """
