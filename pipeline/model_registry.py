@@ -22,7 +22,9 @@ def trained_models(cfg) -> dict[str, str]:
 def exported_models(cfg) -> dict[str, str]:
     """Model name -> stage folder of every exported model in this config's DAG: the trained models export.models
     names (in TRAINED_MODELS' order), or the deployed one."""
-    return {name: stage for name, stage in trained_models(cfg).items() if cfg.deploy.model or name in cfg.export.models}
+    if cfg.deploy.model:
+        return DEPLOYED_MODELS
+    return {name: stage for name, stage in TRAINED_MODELS.items() if name in cfg.export.models}
 
 
 def bundled_model(cfg) -> str:
