@@ -304,7 +304,6 @@ def plot_accuracy(summary_data: dict, out_dir: Path, length: int) -> None:
     axis.axvline(TARGET_SIZE_MB, color="red", linestyle="--")
     axis.text(TARGET_SIZE_MB, axis.get_ylim()[0], " 207 MB (DistilBERT,\n iPhone 7 Plus)", color="red", fontsize=8,
               va="bottom")
-    top = axis.get_ylim()[1]
     same_size: dict[int, list[dict]] = {}  # full-size artifacts within a few MB share one labelled line
     for item in summary_data["full_size"]:
         if item["model"] == "distilbert":
@@ -312,8 +311,14 @@ def plot_accuracy(summary_data: dict, out_dir: Path, length: int) -> None:
     for group in same_size.values():
         size = group[0]["size_mb"]
         axis.axvline(size, color="grey", alpha=0.3, linewidth=1)
-        label = ", ".join(f"{i['format']} {i['precision']}" for i in group) + f" ({size:.0f} MB)"
-        axis.text(size, top, label, rotation=90, fontsize=7, color="dimgrey", va="top", ha="right")
+        formats_by_precision: dict[str, list[str]] = {}  # one precision's runtimes (onnx, onnx-web, ...) once
+        for item in group:
+            formats_by_precision.setdefault(item["precision"], []).append(item["format"])
+        label = "; ".join(f"{precision} {'/'.join(formats)}" for precision, formats in formats_by_precision.items())
+        # Inside the axes, read upwards from their foot and clipped at their top: a long label never squeezes
+        # the plot, and its size and first artifacts always show.
+        axis.text(size, 0.01, f"{size:.0f} MB: {label}", transform=axis.get_xaxis_transform(), rotation=90,
+                  fontsize=6.5, color="dimgrey", va="bottom", ha="right", clip_on=True)
     axis.set_xscale("log")
     axis.set_xlabel("size on disk (MB, log scale); grey lines: full-size DistilBERT artifacts")
     axis.set_ylabel("dev F1")
