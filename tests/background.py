@@ -48,6 +48,16 @@ def kill_with_descendants(pid: int) -> None:
     psutil.wait_procs(processes, timeout=10)
 
 
+def autogroup_of(pid: int | str) -> str | None:
+    """The autogroup `pid` is in ("/autogroup-ID"), or None where it is in none: no /proc, autogroups off, or a
+    process in a CPU cgroup of its own (a container's), for which Linux prints an empty line."""
+    try:
+        line = Path(f"/proc/{pid}/autogroup").read_text().split()
+    except OSError:
+        return None
+    return line[0] if line else None
+
+
 def yield_autogroups_to_the_tests(build_pid: int, niceness: int, stop: threading.Event) -> None:
     """Gives every new session below the build the build's niceness, until `stop` is set.
 
@@ -58,17 +68,19 @@ def yield_autogroups_to_the_tests(build_pid: int, niceness: int, stop: threading
     niceness is set in /proc/PID/autogroup ("/autogroup-ID nice N"). Each group is read and set through one open
     file, which stays bound to its process, and known by its id, which Linux never reuses: a process that ends
     meanwhile, or a pid taken again, never renices another group. The build's own group, the tests' session, is
-    left as it is. Without autogroups (or /proc), or where they cannot be set, there is nothing to do."""
-    own = Path(f"/proc/{build_pid}/autogroup")
-    if not own.is_file():
+    left as it is. Without autogroups (or /proc), where the build is in none (a container's CPU cgroup), or where they
+    cannot be set, there is nothing to do: niceness alone then ranks the builds below the tests."""
+    own_group = autogroup_of(build_pid)
+    if own_group is None:
         return
-    niced_groups = {own.read_text().split()[0]}
+    niced_groups = {own_group}
     while not stop.wait(0.2):
         for process in psutil.Process(build_pid).children(recursive=True):
             try:
                 with open(f"/proc/{process.pid}/autogroup", "r+b", buffering=0) as autogroup:
-                    group = autogroup.read().split()[0].decode()
-                    if group not in niced_groups:
+                    line = autogroup.read().split()
+                    group = line[0].decode() if line else None
+                    if group is not None and group not in niced_groups:
                         autogroup.seek(0)
                         autogroup.write(str(niceness).encode())
                         niced_groups.add(group)

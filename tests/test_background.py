@@ -4,10 +4,12 @@
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
+from tests.background import autogroup_of, yield_autogroups_to_the_tests
 from tests.conftest import PROJECT_ROOT
 
 # A stand-in build: it watches its own descendants as InBackground's build process does, starts a command in a
@@ -30,7 +32,19 @@ command.kill()
 """
 
 
-@pytest.mark.skipif(not Path("/proc/self/autogroup").is_file(), reason="no Linux autogroups on this machine")
+def test_a_process_in_no_autogroup_has_none_and_the_watcher_leaves_it_at_once():
+    no_such_process = 2**31  # above Linux's largest pid: /proc has no entry, as for a process in no autogroup
+    assert autogroup_of(no_such_process) is None
+    # The watcher of a build in no autogroup (autogroups off, a container's CPU cgroup) has nothing to do: it
+    # returns before its first round, though `stop` is never set.
+    watcher = threading.Thread(target=yield_autogroups_to_the_tests, args=(no_such_process, 7, threading.Event()))
+    watcher.start()
+    watcher.join(timeout=5)
+    assert not watcher.is_alive()
+
+
+@pytest.mark.skipif(autogroup_of("self") is None, reason="this process is in no Linux autogroup (autogroups off, "
+                                                         "or a CPU cgroup of its own)")
 def test_the_sessions_a_build_starts_get_its_niceness_and_its_own_session_keeps_its_own():
     own = Path("/proc/self/autogroup").read_text().split()[-1]  # "/autogroup-N nice K": K
     completed = subprocess.run([sys.executable, "-c", BUILD], capture_output=True, text=True, cwd=PROJECT_ROOT,
