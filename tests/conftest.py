@@ -21,6 +21,22 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SHARED_SQUAD_SAMPLE = PROJECT_ROOT.parent / "shared" / "data" / "squad2-dev-sample.json"
 
 
+def machine_line() -> str:
+    """The CPU the suite ran on, as every figure names it: its time differs between the CPU kinds it meets."""
+    from pipeline.machine import cpu_description
+
+    cpu = cpu_description()
+    return f"cpu: {cpu['model_name']}, {os.cpu_count()} cores ({' '.join(cpu['simd_flags']) or 'no SIMD flags read'})"
+
+
+def pytest_report_header(config):
+    return machine_line()
+
+
+def pytest_terminal_summary(terminalreporter):
+    terminalreporter.write_line(machine_line())  # beside the summary's time, where a log's tail shows both
+
+
 @pytest.fixture
 def squad2_dev_sample() -> Path:
     """Path to the real SQuAD 2.0 dev sample; skips the test when ../shared is absent."""
