@@ -55,15 +55,20 @@ def exported_student(tmp_path_factory) -> dict:
 
 
 # Builds that start with the session and run in the background (tests/background.py), and the fixture each
-# test that reads one asks for. Each runs at a niceness of its own: the documented deploy, the longest chain of
-# jobs that run one after another, at the tests' own; the DAG's just below; the torchrun ranks, short and side by
-# side, last. So the builds end about when the tests that do not read them do.
+# test that reads one asks for, in the order their tests run. Each runs at a niceness of its own: the documented
+# deploy, the longest chain of jobs that run one after another, at the tests' own; the DAG's just below; the
+# torchrun runs, whose processes run side by side, at the lowest. So the torchrun runs take what the others leave
+# and are still running while the tests that read the DAG and the deploy (one after another, on one core) run.
 BACKGROUND_BUILDS = ("dag_run", "documented_offline_deploy", "distributed_runs")
 
 
 def pytest_collection_modifyitems(items):
-    """The tests that read a background build run last (in their order), so that the build overlaps the others."""
-    items.sort(key=lambda item: any(name in item.fixturenames for name in BACKGROUND_BUILDS))
+    """The tests that read a background build run last, those of each build together in the order above, so that
+    the builds overlap the other tests (and the torchrun runs the tests of the others)."""
+    def reads(item) -> int:
+        return next((order for order, name in enumerate(BACKGROUND_BUILDS) if name in item.fixturenames), -1)
+
+    items.sort(key=reads)
 
 
 def selected(request, fixture: str) -> bool:
@@ -128,7 +133,7 @@ def distributed_runs_in_background(request, tmp_path_factory):
     from tests.distributed_runs import run_distributed
 
     yield from background_build(functools.partial(run_distributed, tmp_path_factory.mktemp("distributed")),
-                                "distributed-runs", niceness=10)
+                                "distributed-runs", niceness=19)
 
 
 @pytest.fixture(scope="session")

@@ -114,6 +114,7 @@ def test_the_documented_offline_deploy_runs_as_written(documented_offline_deploy
     command runs from the session's start, in the background (tests/deploy_run.py)."""
     project, command = documented_offline_deploy.project, documented_offline_deploy.command
     environment, completed = documented_offline_deploy.environment, documented_offline_deploy.completed
+    answerable = documented_offline_deploy.answerable_questions  # SQuAD 2.0: a deploy scores the answerable ones
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     ran = set(re.findall(r"^(?:local)?rule (\w+):$", completed.stderr, flags=re.M))
     assert ran == {"prepare_data", "deploy_model", "export_onnx", "quantize_onnx", "export_coreml", "bundle",
@@ -121,13 +122,13 @@ def test_the_documented_offline_deploy_runs_as_written(documented_offline_deploy
     assert "starts with './'" not in completed.stderr
     root = project / "artifacts" / "deploy" / "my-qa-model"
     data = json.loads((root / "data" / "metrics.json").read_text())
-    assert data["deploy"] and data["n_train_examples"] == 0 and data["n_dev_examples"] == 473  # v2: answerable only
+    assert data["deploy"] and data["n_train_examples"] == 0 and data["n_dev_examples"] == answerable
     assert sorted(path.name for path in (root / "data").glob("[!.]*")) == ["dev.json", "dev.jsonl", "manifest.json",
                                                                          "metrics.json"]
     deployed = json.loads((root / "deployed_model" / "metrics.json").read_text())
     assert deployed["source"] == "./my-qa-model" and deployed["fine_tuned_here"] is False
     predictions = json.loads((root / "deployed_model" / "predictions.json").read_text())
-    assert len(predictions) == deployed["n_examples"] == 473
+    assert len(predictions) == deployed["n_examples"] == answerable
     export = json.loads((root / "onnx" / "deployed" / "export.json").read_text())
     assert export["pytorch"]["f1"] == deployed["f1"]  # the gates hold the exports to this model's own answers
     assert export["fp32"]["passed"] and export["optimized"]["passed"]
@@ -138,7 +139,7 @@ def test_the_documented_offline_deploy_runs_as_written(documented_offline_deploy
     agreement = quantized["variants"]["int8"]["gates"]["answer_agreement"]
     assert agreement["minimum"] is None and agreement["passed"] is None  # recorded, not a gate (configs/deploy.yaml)
     bundle = json.loads((root / "bundle" / "metrics.json").read_text())
-    assert bundle["n_questions"] == 473 and (root / "bundle" / "model.int8.ort").is_file()
+    assert bundle["n_questions"] == answerable and (root / "bundle" / "model.int8.ort").is_file()
     summary = json.loads((root / "report" / "summary.json").read_text())
     assert set(summary["models"]) == {"deployed"} and summary["models"]["deployed"]["f1"] == deployed["f1"]
     assert summary["full_size"] == [] and "deployed/ort-int8" in {item["name"] for item in summary["artifacts"]}
@@ -148,6 +149,8 @@ def test_the_documented_offline_deploy_runs_as_written(documented_offline_deploy
     report_text = (root / "report" / "report.md").read_text()
     assert report_text.startswith("# ./my-qa-model, deployed as it is") and "## Training" not in report_text
     assert "## Gates: what ships" in report_text and "Not timed on this machine: Chromium timings" in report_text
+    # the dev file holds fewer questions than export.gates.dev_questions: the report says how many were scored
+    assert f"on {answerable} dev questions (export.gates: the first 1000 of the dev set)" in report_text
     card = ModelCard.load(root / "deployed_model" / "README.md")
     assert card.data.license is None and card.data.eval_results[1].metric_value == deployed["f1"]
     assert not any((root / stage).exists() for stage in ("teacher", "distill_squad", "tokenizer", "corpus", "full_size"))

@@ -55,6 +55,8 @@ def test_two_processes_learn_like_one_with_the_same_effective_batch(distributed_
 def test_a_run_killed_with_sigkill_resumes_on_two_nodes_to_the_same_weights(distributed_runs):
     runs, run_dir = distributed_runs, distributed_runs.root / "killed"
     assert runs.killed_alive_when_killed, "the run ended before it could be killed; raise STEPS"
+    assert runs.processes_below_the_killed_launcher >= 2  # both ranks were running
+    assert runs.processes_alive_10s_after_the_kill == [], "a rank outlived its launcher"
     checkpoint, = runs.checkpoints_after_kill  # rotated away since, as the resumed run checkpointed
     assert runs.checkpoints_3s_later == [checkpoint], "a rank outlived its launcher and trained on"
     assert not runs.out_after_kill

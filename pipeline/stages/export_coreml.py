@@ -71,6 +71,7 @@ def run(cfg: PipelineConfig, model_dir: Path, data_dir: Path | None, out_dir: Pa
             "minimum_deployment_target": ccfg.minimum_deployment_target,
             "sequence_lengths": sorted(ccfg.sequence_lengths),
             "masked_score": MASKED_SCORE,
+            "n_questions": None if gold is None else len(gold),  # the dev questions each package's proxy is gated on
             "packages": packages,
             "rejected": sorted(variant for variant, package in packages.items()
                                if package.get("dev", {}).get("passed") is False),

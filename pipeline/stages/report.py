@@ -108,19 +108,28 @@ def gate_verdicts(root: Path, cfg: PipelineConfig) -> list[dict]:
         export = read_json(root / "onnx" / model / "export.json")
         for graph in ("fp32", "optimized"):
             rows.append({"model": model, "variant": f"onnx-{graph}", "gates": export[graph].get("gates", {}),
-                         "passed": export[graph].get("passed", True), "shipped": False})
+                         "passed": export[graph].get("passed", True), "shipped": False,
+                         "n_questions": export.get("n_questions")})
         quantized = read_json(root / "quantized" / model / "quantize.json")
         for name, variant in quantized["variants"].items():
             rows.append({"model": model, "variant": f"onnx-{name}", "gates": variant["gates"],
                          "passed": variant["passed"],
-                         "shipped": model == shipped_model and name == quantized["bundle_choice"]})
+                         "shipped": model == shipped_model and name == quantized["bundle_choice"],
+                         "n_questions": quantized.get("n_questions")})
         coreml = read_json(root / "coreml" / model / "coreml.json")
         for name, package in coreml["packages"].items():
             dev = package.get("dev") or {}
             rows.append({"model": model, "variant": f"coreml-{name}", "gates": dev.get("gates", {}),
                          "passed": dev.get("passed", True),
-                         "shipped": model == shipped_model and dev.get("passed") is not False})
+                         "shipped": model == shipped_model and dev.get("passed") is not False,
+                         "n_questions": coreml.get("n_questions") if dev else None})
     return rows
+
+
+def gated_question_counts(rows: list[dict]) -> str:
+    """How many dev questions the gates scored, as the exports wrote it ("1000"; "473" where the dev set holds
+    fewer than export.gates.dev_questions), or "" where none recorded it."""
+    return " / ".join(str(n) for n in sorted({row["n_questions"] for row in rows if row.get("n_questions")}))
 
 
 def gate_cell(gate: dict | None) -> str:
@@ -142,9 +151,10 @@ def gate_cell(gate: dict | None) -> str:
 def gate_section(rows: list[dict], cfg: PipelineConfig) -> list[str]:
     """One row per export variant: each gate's value, its 95 % interval and threshold, and the verdict."""
     gates = cfg.export.gates
+    scored = gated_question_counts(rows) or "the"
     lines = ["## Gates: what ships", "",
-             f"Every export variant against its PyTorch model on {gates.dev_questions or 'all'} dev questions "
-             "(export.gates). value [95 % interval] threshold: answer agreement by its Wilson interval, F1 drop by "
+             f"Every export variant against its PyTorch model on {scored} dev questions (export.gates: the first "
+             f"{gates.dev_questions or 'all'} of the dev set). value [95 % interval] threshold: answer agreement by its Wilson interval, F1 drop by "
              "a paired bootstrap over questions; a gate is missed only when the whole interval is past the "
              "threshold. A rejected variant is left out of the bundle and of the full-size int8 search"
              + (" (export.gates.strict: a miss stops the run)." if gates.strict else "."), "",
@@ -572,8 +582,9 @@ def report_markdown(cfg: PipelineConfig, summary_data: dict, benchmark: dict, go
     lines += ["", f"## Artifacts of {which}", "", artifact_table(summary_data["artifacts"], cfg), "",
               "CoreML F1 is that of the PyTorch-side compressed proxy run in float16 ('pytorch-proxy'). "
               + ("PyTorch rows score the whole dev set; export rows score the first "
-                 f"{cfg.export.gates.dev_questions} dev questions (export.gates.dev_questions), on which the "
-                 "PyTorch models score as in each export's export.json." if cfg.export.gates.dev_questions else ""),
+                 f"{gated_question_counts(summary_data['gates']) or cfg.export.gates.dev_questions} dev questions "
+                 "(export.gates.dev_questions), on which the PyTorch models score as in each export's export.json."
+                 if cfg.export.gates.dev_questions else ""),
               "",
               "![F1 vs size](f1_vs_size.png)", "", "![F1 vs latency](f1_vs_latency.png)", ""]
     lines += gate_section(summary_data["gates"], cfg)
