@@ -97,6 +97,22 @@ def test_sequences_cut_long_documents_into_chunks_and_drop_only_short_ones(tmp_p
     assert ids[:62] in pieces and ids[62:124] in pieces
 
 
+def test_the_stage_counts_the_vocabulary_as_transformers_does_added_tokens_too(tmp_path, trained_tokenizer):
+    from transformers import AutoTokenizer
+
+    from pipeline.stages import tokenize_corpus as stage
+
+    tokenizer_dir, _ = trained_tokenizer
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)  # its own copy: the fixture's is shared
+    added = tokenizer.add_tokens(["riverbank", "swimmingly"])
+    added += tokenizer.add_special_tokens({"additional_special_tokens": ["[EXTRA]"]})
+    assert added == 3
+    tokenizer.save_pretrained(tmp_path / "extended")
+    for folder in (tokenizer_dir, tmp_path / "extended"):
+        assert stage._vocab_size(folder) == len(AutoTokenizer.from_pretrained(folder))
+    assert stage._vocab_size(tmp_path / "extended") == stage._vocab_size(tokenizer_dir) + added
+
+
 def test_chunk_boundaries_by_hand():
     offsets = np.array([0, 5, 5 + 130, 5 + 130 + 20])  # documents of 5, 130 and 20 ids
     starts, lengths = chunk_documents(offsets, np.array([0, 1, 2]), max_seq_length=64)

@@ -39,10 +39,12 @@ def run(cfg: PipelineConfig, data_dir: Path, tokenizer_dir: Path, out_dir: Path,
 
 
 def _vocab_size(tokenizer_dir: Path) -> int:
-    """len(tokenizer) as transformers counts it (base vocabulary plus added tokens)."""
-    from transformers import AutoTokenizer
+    """len(tokenizer) as transformers counts it (base vocabulary plus added tokens), read with the tokenizers
+    library the corpus is tokenized with: a fast tokenizer's tokenizer.json holds its added tokens too, and the
+    stage needs no transformers (or torch) import."""
+    from tokenizers import Tokenizer
 
-    return len(AutoTokenizer.from_pretrained(tokenizer_dir))
+    return Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json")).get_vocab_size(with_added_tokens=True)
 
 
 # `python -m pipeline tokenize-corpus`: run()'s parameters as flags (pipeline/stage_cli.py), with this help.
