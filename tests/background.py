@@ -68,8 +68,8 @@ def yield_autogroups_to_the_tests(build_pid: int, niceness: int, stop: threading
     niceness is set in /proc/PID/autogroup ("/autogroup-ID nice N"). Each group is read and set through one open
     file, which stays bound to its process, and known by its id, which Linux never reuses: a process that ends
     meanwhile, or a pid taken again, never renices another group. The build's own group, the tests' session, is
-    left as it is. Without autogroups (or /proc), where the build is in none (a container's CPU cgroup), or where they
-    cannot be set, there is nothing to do: niceness alone then ranks the builds below the tests."""
+    left as it is. Without autogroups (or /proc), where the build is in none (a container's CPU cgroup), or where
+    they cannot be set, there is nothing to do: niceness alone then ranks the builds below the tests."""
     own_group = autogroup_of(build_pid)
     if own_group is None:
         return

@@ -1,7 +1,7 @@
 """docs/deploy.md's offline command, run exactly as written in a copy of the project with ./my-qa-model (a small QA
-model trained elsewhere, as a user brings one) and ./my-dev.json (a part of the real SQuAD 2.0 dev sample) beside it. It runs
-once for the session, in the background from the session's start (tests/background.py, tests/conftest.py);
-tests/test_deploy.py checks what it built."""
+model trained elsewhere, as a user brings one) and ./my-dev.json (a part of the real SQuAD 2.0 dev sample) beside
+it. It runs once for the session, in the background from the session's start (tests/background.py,
+tests/conftest.py); tests/test_deploy.py checks what it built."""
 
 import json
 import os

@@ -128,5 +128,6 @@ def run_distributed(base: Path, *, run: Callable, start: Callable) -> Distribute
     for name, process in processes.items():
         wait_for(process, base / f"{name}.log")
     metrics = {name: json.loads((base / name / "out" / "metrics.json").read_text()) for name in ("two", "one", "killed")}
-    return DistributedRuns(base, artifacts["corpus"], metrics, alive, len(ranks), [process.pid for process in outliving],
-                           after_kill, three_seconds_later, files_of_the_checkpoint, out_after_kill, scratch)
+    return DistributedRuns(base, artifacts["corpus"], metrics, alive, len(ranks),
+                           [process.pid for process in outliving], after_kill, three_seconds_later,
+                           files_of_the_checkpoint, out_after_kill, scratch)

@@ -154,9 +154,10 @@ def gate_section(rows: list[dict], cfg: PipelineConfig) -> list[str]:
     scored = gated_question_counts(rows) or "the"
     lines = ["## Gates: what ships", "",
              f"Every export variant against its PyTorch model on {scored} dev questions (export.gates: the first "
-             f"{gates.dev_questions or 'all'} of the dev set). value [95 % interval] threshold: answer agreement by its Wilson interval, F1 drop by "
-             "a paired bootstrap over questions; a gate is missed only when the whole interval is past the "
-             "threshold. A rejected variant is left out of the bundle and of the full-size int8 search"
+             f"{gates.dev_questions or 'all'} of the dev set). value [95 % interval] threshold: answer agreement by "
+             "its Wilson interval, F1 drop by a paired bootstrap over questions; a gate is missed only when the "
+             "whole interval is past the threshold. A rejected variant is left out of the bundle and of the "
+             "full-size int8 search"
              + (" (export.gates.strict: a miss stops the run)." if gates.strict else "."), "",
              "| model | variant | answer agreement | F1 drop | logit parity / answerer | verdict |",
              "|---|---|---|---|---|---|"]
