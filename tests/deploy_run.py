@@ -19,7 +19,6 @@ class DeployRun:
     command: str  # as docs/deploy.md writes it
     environment: dict[str, str]
     completed: subprocess.CompletedProcess
-    answerable_questions: int  # in ./my-dev.json: the dev set a deploy scores (SQuAD 2.0's unanswerable ones left out)
 
 
 # Tiny configs of each model type a deploy takes (2 layers, 32 wide, 512 positions as a real model has), with each
@@ -93,19 +92,23 @@ def fine_tune_briefly(model, tokenizer, dev_file: Path, steps: int, batch_size: 
     model.eval()
 
 
-def every_fourth_paragraph(dev_sample: Path, out: Path) -> int:
-    """A SQuAD file of every fourth paragraph of each article of `dev_sample` (a quarter of the questions, of all
-    its articles); returns its answerable questions."""
+def write_every_fourth_paragraph(dev_sample: Path, out: Path) -> None:
+    """A SQuAD file of every fourth paragraph of each article of `dev_sample`: a quarter of its questions, of all
+    its articles."""
     squad = json.loads(dev_sample.read_text())
     articles = [{**article, "paragraphs": article["paragraphs"][::4]} for article in squad["data"]]
     out.write_text(json.dumps({**squad, "data": articles}))
+
+
+def answerable_questions(squad_file: Path) -> int:
+    """The questions of a SQuAD file that have an answer: those a deploy scores (SQuAD 2.0's others are left out)."""
+    articles = json.loads(squad_file.read_text())["data"]
     return sum(not qa.get("is_impossible", False)
                for article in articles for paragraph in article["paragraphs"] for qa in paragraph["qas"])
 
 
-def prepare_documented_deploy(base: Path, dev_sample: Path) -> tuple[Path, str, dict[str, str], int]:
-    """The project copy with ./my-qa-model and ./my-dev.json, the documented command, its environment and the
-    dev file's answerable questions."""
+def prepare_documented_deploy(base: Path, dev_sample: Path) -> tuple[Path, str, dict[str, str]]:
+    """The project copy with ./my-qa-model and ./my-dev.json, the documented command, and its environment."""
     import torch
 
     (_, command), = [(name, line) for name, line in documented_commands(".venv/bin/snakemake deploy")
@@ -113,17 +116,17 @@ def prepare_documented_deploy(base: Path, dev_sample: Path) -> tuple[Path, str, 
     project = project_copy(base / "project")
     # A user's own dev file: a quarter of the real sample's paragraphs (every stage scores every dev question: the
     # whole sample would quadruple the work and test nothing more).
-    answerable = every_fourth_paragraph(dev_sample, project / "my-dev.json")
+    write_every_fourth_paragraph(dev_sample, project / "my-dev.json")
     with torch.random.fork_rng():  # made at the session's start: the tests' random stream is left as it was
         tiny_qa_model_with_its_own_vocabulary(project / "my-qa-model", dev_sample)
     # No hub, and no Chromium (whatever this machine has): benchmark_web is planned and runs without it.
     environment = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
                    "CHROMIUM_PATH": str(base / "no-chromium")}
-    return project, command, environment, answerable
+    return project, command, environment
 
 
-def run_documented_deploy(project: Path, command: str, environment: dict[str, str], answerable_questions: int, *,
+def run_documented_deploy(project: Path, command: str, environment: dict[str, str], *,
                           run: Callable[..., subprocess.CompletedProcess], start: Callable) -> DeployRun:
     """The command in the project copy, through `run` (tests/background.py: InBackground)."""
     completed = run(command, timeout=900, shell=True, cwd=project, env=environment)
-    return DeployRun(project, command, environment, completed, answerable_questions)
+    return DeployRun(project, command, environment, completed)
