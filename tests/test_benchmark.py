@@ -56,6 +56,15 @@ def test_ratios_and_missing_timings():
     assert report.ratio(20.0, 10.0) == 2.0 and report.ratio(None, 1.0) is None and report.ratio(1.0, None) is None
 
 
+def test_the_gates_say_how_many_dev_questions_they_scored():
+    recorded = [{"n_questions": 1000}, {"n_questions": None}]  # a CoreML package scored on no dev set
+    assert report.gated_questions(recorded, 1000) == "the first 1000 dev questions (export.gates.dev_questions)"
+    assert report.gated_questions([{"n_questions": 119}], 1000) == (
+        "119 dev questions (the whole dev set, which holds fewer than export.gates.dev_questions: 1000)")
+    assert report.gated_questions([{"n_questions": 42}], None) == "42 dev questions (the whole dev set)"
+    assert report.gated_questions([], 1000) == "the first 1000 dev questions (export.gates.dev_questions)"
+
+
 def test_the_loss_plot_shows_only_loss_terms():
     records = [{"step": 50, "epoch": 0.1, "lr": 1e-3, "tokens_per_second": 9e3, "effective_batch_size": 16,
                 "loss": 2.0, "task": 1.5, "tb_hidden": 0.3, "phase": "intermediate"},

@@ -150,7 +150,8 @@ def test_the_documented_offline_deploy_runs_as_written(documented_offline_deploy
     assert report_text.startswith("# ./my-qa-model, deployed as it is") and "## Training" not in report_text
     assert "## Gates: what ships" in report_text and "Not timed on this machine: Chromium timings" in report_text
     # the dev file holds fewer questions than export.gates.dev_questions: the report says how many were scored
-    assert f"on {answerable} dev questions (export.gates: the first 1000 of the dev set)" in report_text
+    assert (f"on {answerable} dev questions (the whole dev set, which holds fewer than export.gates.dev_questions: "
+            "1000)") in report_text
     card = ModelCard.load(root / "deployed_model" / "README.md")
     assert card.data.license is None and card.data.eval_results[1].metric_value == deployed["f1"]
     assert not any((root / stage).exists() for stage in ("teacher", "distill_squad", "tokenizer", "corpus", "full_size"))

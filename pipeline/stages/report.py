@@ -126,10 +126,16 @@ def gate_verdicts(root: Path, cfg: PipelineConfig) -> list[dict]:
     return rows
 
 
-def gated_question_counts(rows: list[dict]) -> str:
-    """How many dev questions the gates scored, as the exports wrote it ("1000"; "473" where the dev set holds
-    fewer than export.gates.dev_questions), or "" where none recorded it."""
-    return " / ".join(str(n) for n in sorted({row["n_questions"] for row in rows if row.get("n_questions")}))
+def gated_questions(rows: list[dict], dev_questions: int | None) -> str:
+    """The dev questions the gates scored, as the exports recorded them: the first export.gates.dev_questions, or
+    the whole dev set where it holds fewer (a user's small dev file)."""
+    scored = " / ".join(str(n) for n in sorted({row["n_questions"] for row in rows if row.get("n_questions")}))
+    if dev_questions is None:
+        return f"{scored or 'all'} dev questions (the whole dev set)"
+    if not scored or scored == str(dev_questions):
+        return f"the first {dev_questions} dev questions (export.gates.dev_questions)"
+    return (f"{scored} dev questions (the whole dev set, which holds fewer than export.gates.dev_questions: "
+            f"{dev_questions})")
 
 
 def gate_cell(gate: dict | None) -> str:
@@ -151,13 +157,11 @@ def gate_cell(gate: dict | None) -> str:
 def gate_section(rows: list[dict], cfg: PipelineConfig) -> list[str]:
     """One row per export variant: each gate's value, its 95 % interval and threshold, and the verdict."""
     gates = cfg.export.gates
-    scored = gated_question_counts(rows) or "the"
     lines = ["## Gates: what ships", "",
-             f"Every export variant against its PyTorch model on {scored} dev questions (export.gates: the first "
-             f"{gates.dev_questions or 'all'} of the dev set). value [95 % interval] threshold: answer agreement by "
-             "its Wilson interval, F1 drop by a paired bootstrap over questions; a gate is missed only when the "
-             "whole interval is past the threshold. A rejected variant is left out of the bundle and of the "
-             "full-size int8 search"
+             f"Every export variant against its PyTorch model on {gated_questions(rows, gates.dev_questions)}. "
+             "value [95 % interval] threshold: answer agreement by its Wilson interval, F1 drop by a paired "
+             "bootstrap over questions; a gate is missed only when the whole interval is past the threshold. A "
+             "rejected variant is left out of the bundle and of the full-size int8 search"
              + (" (export.gates.strict: a miss stops the run)." if gates.strict else "."), "",
              "| model | variant | answer agreement | F1 drop | logit parity / answerer | verdict |",
              "|---|---|---|---|---|---|"]
@@ -582,10 +586,9 @@ def report_markdown(cfg: PipelineConfig, summary_data: dict, benchmark: dict, go
     which = "the deployed model" if cfg.deploy.model else "the trained models"
     lines += ["", f"## Artifacts of {which}", "", artifact_table(summary_data["artifacts"], cfg), "",
               "CoreML F1 is that of the PyTorch-side compressed proxy run in float16 ('pytorch-proxy'). "
-              + ("PyTorch rows score the whole dev set; export rows score the first "
-                 f"{gated_question_counts(summary_data['gates']) or cfg.export.gates.dev_questions} dev questions "
-                 "(export.gates.dev_questions), on which the PyTorch models score as in each export's export.json."
-                 if cfg.export.gates.dev_questions else ""),
+              + ("PyTorch rows score the whole dev set; export rows score "
+                 f"{gated_questions(summary_data['gates'], cfg.export.gates.dev_questions)}, on which the PyTorch "
+                 "models score as in each export's export.json." if cfg.export.gates.dev_questions else ""),
               "",
               "![F1 vs size](f1_vs_size.png)", "", "![F1 vs latency](f1_vs_latency.png)", ""]
     lines += gate_section(summary_data["gates"], cfg)
