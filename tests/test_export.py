@@ -2,6 +2,7 @@
 call (pipeline/export/), on tiny models."""
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -178,8 +179,10 @@ def test_compressed_variants_that_miss_a_gate_are_rejected_and_nothing_is_bundle
     assert metrics["bundle_choice"] is None and metrics["rejected"] == sorted(metrics["variants"])
     gate = metrics["variants"]["int8"]["gates"]["answer_agreement"]
     assert gate["passed"] is False and gate["interval"][1] < 1.01 and gate["minimum"] == 1.01
-    with pytest.raises(GateError, match="no int8 variant passed its gates, nothing to bundle"):
+    with pytest.raises(GateError, match="no int8 variant passed its gates, nothing to bundle") as stopped:
         bundle.run(cfg, tmp_path / "quantized", built["coreml"], built["student"], built["data"], tmp_path / "bundle")
+    # with each rejected variant's missed gate and its numbers, as the console shows it
+    assert re.search(r"\n  int8: answer_agreement [0-9.]+ \(95 % interval .*\), needs >= 1.01", str(stopped.value))
     assert not (tmp_path / "bundle").exists()
     cfg.export.gates.strict = True
     with pytest.raises(GateError, match=r"int8: answer_agreement [0-9.]+ \(95 % interval .*\), needs >= 1.01"):
@@ -337,11 +340,13 @@ def test_the_bundle_leaves_out_rejected_coreml_packages_and_stops_when_none_pass
     assert not (tmp_path / "b" / "coreml" / "4bit.mlpackage").exists()
     assert set(json.loads((tmp_path / "b" / "qa_config.json").read_text())["coreml"]["models"]) == {"fp16", "int8"}
     for package in report["packages"].values():
-        package["dev"]["passed"] = False
+        package["dev"]["passed"] = package["dev"]["gates"]["f1_drop"]["passed"] = False
     (coreml_dir / "coreml.json").write_text(json.dumps(report))
     write_manifest(coreml_dir)
-    with pytest.raises(GateError, match="no CoreML package passed its gates"):
+    with pytest.raises(GateError, match="no CoreML package passed its gates") as stopped:
         bundle.run(built["cfg"], built["quantized"], coreml_dir, built["student"], built["data"], tmp_path / "none")
+    for variant in report["packages"]:  # each package's missed gate, with its numbers
+        assert re.search(rf"\n  {variant}: f1_drop -?[0-9.]+ \(95 % interval .*\), needs <= ", str(stopped.value))
     assert not (tmp_path / "none").exists()
 
 

@@ -148,14 +148,16 @@ def test_several_nodes_start_one_torchrun_per_node_at_a_c10d_rendezvous(tmp_path
     assert "--node-local-dir=" in launched["teacher-pretrain"]  # no node-local folder named: read in place
 
 
-def test_a_failing_jobs_own_error_reaches_the_console_with_the_local_profile(tmp_path):
+@pytest.mark.parametrize("profile", [[], ["--profile", str(PROFILES / "local")]], ids=["readme-command", "local"])
+def test_a_failing_jobs_own_error_reaches_the_console(tmp_path, profile):
+    """As the README's `snakemake --cores 2` runs it (the workflow's profiles/default) and with profiles/local."""
     broken = tmp_path / "train.json"
     broken.write_text('{"version": "1.1", "data": [}')
     config = tmp_path / "config.yaml"
     config.write_text(f"output_root: {json.dumps(str(tmp_path / 'out'))}\ndata:\n  squad: {json.dumps(str(broken))}\n"
                       f"  squad_dev: {json.dumps(str(broken))}\n  corpus: squad_contexts\n")
-    completed = snakemake(tmp_path, str(tmp_path / "out" / "data"), "--profile", str(PROFILES / "local"), "--cores",
-                          "1", "--configfile", str(PROJECT_ROOT / "configs" / "test.yaml"), str(config))
+    completed = snakemake(tmp_path, str(tmp_path / "out" / "data"), *profile, "--cores", "1", "--configfile",
+                          str(PROJECT_ROOT / "configs" / "test.yaml"), str(config))
     assert completed.returncode != 0
     console = completed.stdout + completed.stderr
     assert f"error: {broken}: invalid JSON at line 1 column" in console

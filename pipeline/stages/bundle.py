@@ -25,7 +25,7 @@ from pipeline import onnx_qa
 from pipeline.artifacts import atomic_output_dir, atomic_write_json, directory_size_bytes, megabytes, read_json
 from pipeline.manifests import config_sha256, files_manifest, library_versions, verify_input_dirs, verify_manifest
 from pipeline.config import PipelineConfig
-from pipeline.gates import GateError, compressed_model_report, gate_questions, raise_for_failures
+from pipeline.gates import GateError, compressed_model_report, failure_lines, gate_questions, raise_for_failures
 from pipeline.model_card import bundle_card, write_model_card
 
 logger = logging.getLogger(__name__)
@@ -96,8 +96,11 @@ def shipped_coreml(coreml: dict, cfg: PipelineConfig, coreml_dir: Path) -> dict:
     passed = {variant: package for variant, package in coreml["packages"].items()
               if package.get("dev", {}).get("passed") is not False}
     if coreml["packages"] and not passed:
-        raise GateError(f"{coreml_dir}/coreml.json: no CoreML package passed its gates "
-                        f"({', '.join(coreml['packages'])} all rejected), nothing of that format to bundle")
+        missed = failure_lines([{"name": variant, "gates": package["dev"]["gates"]}
+                                for variant, package in coreml["packages"].items()])
+        raise GateError("\n".join([f"{coreml_dir}/coreml.json: no CoreML package passed its gates "
+                                   f"({', '.join(coreml['packages'])} all rejected), nothing of that format to "
+                                   "bundle:", *missed]))
     return {**coreml, "packages": passed, "rejected": sorted(set(coreml["packages"]) - set(passed))}
 
 
@@ -191,7 +194,9 @@ def run(cfg: PipelineConfig, quantized_dir: Path, coreml_dir: Path, model_dir: P
     quantized = read_json(quantized_dir / "quantize.json")
     choice = quantized["bundle_choice"]
     if choice is None:
-        raise GateError(f"{quantized_dir}/quantize.json: no int8 variant passed its gates, nothing to bundle")
+        missed = failure_lines([{"name": name, **variant} for name, variant in quantized["variants"].items()])
+        raise GateError("\n".join([f"{quantized_dir}/quantize.json: no int8 variant passed its gates, nothing to "
+                                   "bundle:", *missed]))
     coreml = shipped_coreml(read_json(coreml_dir / "coreml.json"), cfg, coreml_dir)
     questions = gate_questions(data_dir, model_dir, cfg.export.gates.dev_questions)
     examples, gold = questions.examples, questions.gold
