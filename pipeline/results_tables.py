@@ -94,7 +94,8 @@ def read_runs(results_dir: Path = RESULTS_DIR) -> list[dict]:
 def minutes(seconds: float | None) -> str:
     if seconds is None:
         return "n/a"
-    return f"{int(seconds // 60)}:{int(round(seconds % 60)):02d}"
+    whole_minutes, rest = divmod(round(seconds), 60)  # rounded first: 239.7 s is 4:00, not 3:60
+    return f"{whole_minutes}:{rest:02d}"
 
 
 def number(value, digits: int = 2) -> str:

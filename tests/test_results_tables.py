@@ -98,3 +98,10 @@ def test_the_headline_comes_from_the_native_run_with_a_study(tmp_path):
     assert [run["name"] for run in runs] == ["a-native", "xeon-native"] and runs[0]["study"] is None
     headline = results_tables.blocks(runs)["headline"]
     assert "`results/xeon-native/`" in headline and "a-native" not in headline
+
+
+def test_minutes_rounds_to_the_second_before_splitting_off_the_minutes():
+    assert results_tables.minutes(239.7) == "4:00"  # not "3:60"
+    assert results_tables.minutes(204.1) == "3:24"
+    assert results_tables.minutes(59.4) == "0:59"
+    assert results_tables.minutes(None) == "n/a"
