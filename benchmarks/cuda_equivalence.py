@@ -3,9 +3,11 @@
 The CPU tests prove the packed encoders and the chunked loss equal to the Hugging Face modules and the whole-grid
 loss, but on the CPU the packed attention runs its grid path: the jagged-tensor SDPA (flash attention's
 variable-length kernel in bf16) only runs on a GPU. This script runs `distillation_terms`, the function the stage
-calls, on one micro-batch of the paper's shape (a bert-base teacher, the 6-layer student initialised from it,
-512-token sequences from a random corpus, masked as the stage masks), once packed with the chunked loss (the
-paper's path) and once padded with the whole-vocabulary loss (the Hugging Face modules), and records:
+calls, on one micro-batch at the paper's model and sequence shapes (a bert-base teacher, the 6-layer student
+initialised from it and moved off it by a little noise, sequences of up to 512 tokens from a random corpus, masked
+as the stage masks; a 16,384-token budget by default, as the padded path's whole-vocabulary loss holds [tokens x
+30,522] fp32 grids), once packed with the chunked loss (the paper's path) and once padded with the
+whole-vocabulary loss (the Hugging Face modules), and records:
 
 - `fp32`: the two paths' loss terms and every student gradient in fp32 (dropout off, TF32 off). They compute the same
   sums in other orders: terms within rtol 1e-4, the gradient within a relative norm error of 1e-3.
@@ -16,8 +18,8 @@ paper's path) and once padded with the whole-vocabulary loss (the Hugging Face m
   mode's) and draws from the global RNG (the same seed gives the same output).
 - `host_syncs`: the operations that synchronise the host with the device in one bf16 forward and backward of the
   packed path (`torch.cuda.set_sync_debug_mode("warn")`), with where they come from; the step needs none.
-- `compile` (with `--checks ...,compile`): the packed encoders under `torch.compile` (as `train.torch_compile` compiles them)
-  against eager on micro-batches of two token counts, fp32 eval, rtol 1e-4 on the last hidden state.
+- `compile` (with `--checks ...,compile`): the packed encoders under `torch.compile` (as `train.torch_compile`
+  compiles them) against eager on micro-batches of two token counts, fp32 eval, rtol 1e-4 on the last hidden state.
 
 Each check records its numbers, its tolerance and `passed`; one that raises records the error and the rest still
 run, and the JSON is written after each check (a run stopped by a time limit keeps the checks it finished). On CPU
@@ -25,7 +27,7 @@ run, and the JSON is written after each check (a run stopped by a time limit kee
 
     One GPU, the paper's shape (about a minute):
       python benchmarks/cuda_equivalence.py --out benchmarks/results/cuda_equivalence.json
-    torch.compile against eager too (minutes more):
+    torch.compile against eager too (about a minute more on an H200):
       python benchmarks/cuda_equivalence.py --checks fp32,bf16,attention_dropout,host_syncs,compile --out ...
     CPU smoke run:
       .venv/bin/python benchmarks/cuda_equivalence.py --device cpu --teacher-layers 2 --student-layers 1 \
