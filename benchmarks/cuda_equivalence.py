@@ -59,12 +59,16 @@ from pathlib import Path
 import torch
 import transformers
 import yaml
-from transformers import BertConfig, BertForMaskedLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from distill_throughput import BertTokenIds, random_corpus  # noqa: E402
+from distill_throughput import (  # noqa: E402
+    BertTokenIds,
+    add_model_shape_arguments,
+    random_corpus,
+    teacher_and_student,
+)
 
 from pipeline.artifacts import atomic_write_json  # noqa: E402
 from pipeline.config import load_config  # noqa: E402
@@ -73,12 +77,7 @@ from pipeline.machine import cpu_description  # noqa: E402
 from pipeline.mlm import MaskedBatchCollator, pack_masked_batch  # noqa: E402
 from pipeline.packed_encoder import PackedDistilBertEncoder, encoder_inputs  # noqa: E402
 from pipeline.stages.distill_pretrain import distillation_terms, encoders  # noqa: E402
-from pipeline.students import (  # noqa: E402
-    freeze,
-    init_student_from_teacher,
-    student_config_from_teacher,
-    teacher_layers_for_student,
-)
+from pipeline.students import freeze  # noqa: E402
 from pipeline.training.batching import to_device  # noqa: E402
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -120,15 +119,8 @@ def packed(batch: dict, dcfg) -> dict:
     return pack_masked_batch(batch, BertTokenIds.pad_token_id, dcfg.packed_tokens_multiple_of)
 
 
-def build_models(args, device):
-    torch.manual_seed(SEED)
-    teacher_config = BertConfig(num_hidden_layers=args.teacher_layers, hidden_size=args.hidden,
-                                intermediate_size=args.intermediate, num_attention_heads=args.heads,
-                                max_position_embeddings=512)
-    teacher = BertForMaskedLM(teacher_config)
-    layers = teacher_layers_for_student("every_other", args.teacher_layers, args.student_layers)
-    student = init_student_from_teacher(teacher, student_config_from_teacher(teacher_config, args.student_layers),
-                                        layers)
+def build_models(args, dcfg, device):
+    teacher, student = teacher_and_student(args, dcfg.max_seq_length)
     # Freshly initialised BERT layers are close to the identity, so the student would match its teacher almost
     # exactly (a KL term near 1e-5, all rounding). Moved off the teacher, every term has a size worth comparing.
     generator = torch.Generator().manual_seed(SEED + 1)
@@ -322,11 +314,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--config", type=Path, default=PROJECT_ROOT / "configs" / "paper.yaml",
                         help="the config whose distill_pretrain is checked (merged over configs/default.yaml)")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
-    parser.add_argument("--teacher-layers", type=int, default=12)
-    parser.add_argument("--student-layers", type=int, default=6)
-    parser.add_argument("--hidden", type=int, default=768)
-    parser.add_argument("--intermediate", type=int, default=3072)
-    parser.add_argument("--heads", type=int, default=12)
+    add_model_shape_arguments(parser)
     parser.add_argument("--seq-len", type=int, default=None, help="default: the config's max_seq_length")
     parser.add_argument("--max-tokens", type=int, default=16384, help="the micro-batch's token budget")
     parser.add_argument("--chunked-loss-rows", type=int, default=None, help="default: the config's")
@@ -355,7 +343,7 @@ def main(argv=None) -> int:
                    chunked_loss_rows=args.chunked_loss_rows or dcfg.chunked_loss_rows or 2048,
                    packed_tokens_multiple_of=args.packed_multiple or dcfg.packed_tokens_multiple_of)
     padded_cfg = replace(dcfg, packed_attention=False, chunked_loss_rows=None)
-    student, teacher = build_models(args, device)
+    student, teacher = build_models(args, dcfg, device)
     batches = micro_batches(args, dcfg)
     batch = batches[0]
 

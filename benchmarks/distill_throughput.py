@@ -807,11 +807,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="packed attention (default: the config's packed_attention)")
     parser.add_argument("--packed-multiple", type=int, default=None,
                         help="default: the config's packed_tokens_multiple_of")
-    parser.add_argument("--teacher-layers", type=int, default=12)
-    parser.add_argument("--student-layers", type=int, default=6)
-    parser.add_argument("--hidden", type=int, default=768)
-    parser.add_argument("--intermediate", type=int, default=3072)
-    parser.add_argument("--heads", type=int, default=12)
+    add_model_shape_arguments(parser)
     parser.add_argument("--corpus-dir", type=Path, default=None, help="a tokenize_corpus folder (bert-base ids)")
     parser.add_argument("--workers", type=int, default=None,
                         help="DataLoader worker processes (default: the config's dataloader_workers)")
@@ -828,6 +824,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if getattr(args, name) < (0 if name == "warmup" else 1):
             parser.error(f"--{name.replace('_', '-')} must be at least {0 if name == 'warmup' else 1}")
     return args
+
+
+def add_model_shape_arguments(parser: argparse.ArgumentParser) -> None:
+    """The teacher's shape (bert-base by default) and the student's depth (also cuda_equivalence.py's flags)."""
+    parser.add_argument("--teacher-layers", type=int, default=12)
+    parser.add_argument("--student-layers", type=int, default=6)
+    parser.add_argument("--hidden", type=int, default=768)
+    parser.add_argument("--intermediate", type=int, default=3072)
+    parser.add_argument("--heads", type=int, default=12)
+
+
+def teacher_and_student(args: argparse.Namespace, max_seq_length: int) -> tuple[BertForMaskedLM, torch.nn.Module]:
+    """A random-weight teacher of the flags' shape and the student initialised from every other of its layers,
+    on the CPU, drawn from SEED."""
+    torch.manual_seed(SEED)
+    teacher_config = BertConfig(num_hidden_layers=args.teacher_layers, hidden_size=args.hidden,
+                                intermediate_size=args.intermediate, num_attention_heads=args.heads,
+                                max_position_embeddings=max(512, max_seq_length))
+    teacher = BertForMaskedLM(teacher_config)
+    layers = teacher_layers_for_student("every_other", args.teacher_layers, args.student_layers)
+    student = init_student_from_teacher(teacher, student_config_from_teacher(teacher_config, args.student_layers),
+                                        layers)
+    return teacher, student
 
 
 def measured_config(args: argparse.Namespace, device: torch.device) -> DistillPretrainConfig:
@@ -851,14 +870,8 @@ def measured_config(args: argparse.Namespace, device: torch.device) -> DistillPr
 
 def build_workload(args: argparse.Namespace, dcfg: DistillPretrainConfig, device: torch.device,
                    corpus_dir: Path) -> Workload:
-    torch.manual_seed(SEED)
-    teacher_config = BertConfig(num_hidden_layers=args.teacher_layers, hidden_size=args.hidden,
-                                intermediate_size=args.intermediate, num_attention_heads=args.heads,
-                                max_position_embeddings=max(512, dcfg.max_seq_length))
-    teacher = BertForMaskedLM(teacher_config)
-    layers = teacher_layers_for_student("every_other", args.teacher_layers, args.student_layers)
-    student = init_student_from_teacher(teacher, student_config_from_teacher(teacher_config, args.student_layers),
-                                        layers).to(device)
+    teacher, student = teacher_and_student(args, dcfg.max_seq_length)
+    student = student.to(device)
     teacher = freeze(teacher).to(device)
     bf16 = device.type == "cuda" and args.precision == "bf16"
     if bf16:
