@@ -363,6 +363,23 @@ class DistillSquadConfig:
 
 
 @dataclass
+class FallbackConfig:
+    """Accuracy-aware int8 (pipeline/export/int8_tuning.py): layers back to fp32, most sensitive first, until the
+    tuning questions (never the gated ones) lose no more than the target."""
+
+    recipes: int = option(
+        2, "Recipes tuned: of those whose tuning F1 drop is over the target, the most accurate ones (each costs "
+        "one quantization and one scoring of the tuning questions per quantizable layer). 0: no fallback.",
+        minimum=0,
+    )
+    target_f1_drop: float = option(
+        0.5, "Tuning F1 drop (points, from the fp32 graph) the fallback stops at: under export.gates.max_f1_drop, "
+        "so the gated questions' own noise has room.", minimum=0.0,
+    )
+    max_layers: int = option(8, "Most layers a recipe falls back to fp32.", minimum=1)
+
+
+@dataclass
 class QuantizeConfig:
     """Dynamic int8 quantization of the ONNX graphs (onnxruntime.quantization), and optional 4-bit weights."""
 
@@ -398,8 +415,13 @@ class QuantizeConfig:
         "Whether the activation x activation MatMuls of attention (Q.K^T, probabilities.V) are int8 too "
         "(MatMulConstBOnly off); not for the fused graph, whose QAttention has its own int8 path.",
     )
-    calibration_windows: int = option(16, "Training windows that calibrate the static (qdq) activation scales.",
+    calibration_windows: int = option(16, "Tuning windows that calibrate the static (qdq) activation scales.",
                                       minimum=1)
+    tuning_questions: int = option(
+        200, "Questions the gates never score that calibrate the static scales and drive the fallback: the first "
+        "training questions, or in a deploy the dev questions past export.gates.dev_questions.", minimum=1,
+    )
+    fallback: FallbackConfig = section(FallbackConfig, "Accuracy-aware int8: layers that fall back to fp32.")
     latency_runs: int = option(
         20, "Timed runs per int8 variant (after warm-up) when choosing the bundle's fastest passing one.", minimum=5
     )

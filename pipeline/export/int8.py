@@ -114,7 +114,10 @@ def calibration_feeds(windows: onnx_qa.Windows, graph_path: Path, count: int) ->
 
 
 def quantize_int8(source: Path, target: Path, recipe: Int8Recipe, reduce_range: bool,
-                  calibration: list[dict[str, np.ndarray]] | None = None) -> None:
+                  calibration: list[dict[str, np.ndarray]] | None = None, *, only: list[str] | None = None,
+                  exclude: list[str] | None = None) -> None:
+    """The recipe's int8 graph of `source` at `target`; `only`: quantize just these nodes (the sensitivity step),
+    `exclude`: keep these in fp32 (the fallback)."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_dynamic, quantize_static
 
     extra_options: dict = {"MatMulConstBOnly": not recipe.attention_int8}
@@ -123,16 +126,17 @@ def quantize_int8(source: Path, target: Path, recipe: Int8Recipe, reduce_range: 
         extra_options["DefaultTensorType"] = onnx.TensorProto.FLOAT
     if recipe.format == "qoperator":
         quantize_dynamic(source, target, weight_type=QuantType.QInt8, per_channel=recipe.per_channel,
-                         reduce_range=reduce_range, extra_options=extra_options)
+                         reduce_range=reduce_range, nodes_to_quantize=only or [], nodes_to_exclude=exclude or [],
+                         extra_options=extra_options)
         return
     if not calibration:
         raise ValueError(f"{target}: the qdq recipe {recipe.name} needs calibration windows")
     # The QDQ quantizer ignores MatMulConstBOnly, so attention's products stay fp32 by naming them.
-    excluded = [] if recipe.attention_int8 else activation_matmuls(source)
+    excluded = ([] if recipe.attention_int8 else activation_matmuls(source)) + list(exclude or [])
     quantize_static(source, target, CalibrationFeeds(calibration), quant_format=QuantFormat.QDQ,
                     op_types_to_quantize=["MatMul", "Gather"], activation_type=QuantType.QUInt8,
                     weight_type=QuantType.QInt8, per_channel=recipe.per_channel, reduce_range=reduce_range,
-                    nodes_to_exclude=excluded, calibrate_method=CalibrationMethod.MinMax,
+                    nodes_to_quantize=only or [], nodes_to_exclude=excluded, calibrate_method=CalibrationMethod.MinMax,
                     extra_options=extra_options)
 
 
@@ -213,13 +217,17 @@ def copy_side_files(source_dir: Path, target_dir: Path) -> None:
 
 def choose_bundle_variant(variants: dict, f1_by_question: dict[str, np.ndarray],
                           tie_fraction: float) -> tuple[str | None, str | None, str]:
-    """Accuracy before speed: among the int8 variants that passed their gates, those not significantly less accurate
-    than the most accurate one (the paired bootstrap 95 % interval of their F1 difference reaches 0), then the
-    fastest of these; near-equal medians go to the smaller file. Returns the choice, the runner-up and why.
-    Marks each passing variant's `accuracy_vs_best` in `variants`."""
-    passing = [name for name in variants if name.startswith(NAIVE) and variants[name]["passed"]]
-    if not passing:
+    """Proof, then accuracy, then speed: among the int8 variants that ship (`passed`), the proven ones where there
+    are any; of those, the ones not significantly less accurate than the most accurate one (the paired bootstrap
+    95 % interval of their F1 difference reaches 0), then the fastest of these; near-equal medians go to the
+    smaller file. Returns the choice, the runner-up and why. Marks each candidate's `accuracy_vs_best`."""
+    shipping = [name for name in variants if name.startswith(NAIVE) and variants[name]["passed"]]
+    if not shipping:
         return None, None, "no int8 variant passed its gates"
+    proven = [name for name in shipping if variants[name].get("verdict", "proven") == "proven"]
+    passing = proven or shipping
+    proof = (f"{len(proven)} of {len(shipping)} shipping variants proven within the gates; "
+             if proven else f"none of {len(shipping)} shipping variants proven within the gates (all unproven); ")
     most_accurate = max(passing, key=lambda name: (variants[name]["f1"], -variants[name]["latency_ms"]["p50"]))
     as_accurate = []
     for name in passing:
@@ -233,6 +241,7 @@ def choose_bundle_variant(variants: dict, f1_by_question: dict[str, np.ndarray],
     accuracy = (f"{len(as_accurate)} of {len(passing)} passing variants as accurate as the best ({most_accurate}, "
                 f"F1 {variants[most_accurate]['f1']})"
                 + (f"; {less_accurate} significantly less accurate left out" if less_accurate else ""))
+    accuracy = proof + accuracy
     if len(as_accurate) == 1:
         return as_accurate[0], None, f"accuracy: {accuracy}"
     fastest, second = as_accurate[0], as_accurate[1]

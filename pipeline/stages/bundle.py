@@ -104,6 +104,21 @@ def shipped_coreml(coreml: dict, cfg: PipelineConfig, coreml_dir: Path) -> dict:
     return {**coreml, "packages": passed, "rejected": sorted(set(coreml["packages"]) - set(passed))}
 
 
+def gate_verdicts(reports: list[dict], coreml: dict) -> dict[str, dict]:
+    """Each shipped file's verdict (proven or unproven) and, per gate, the dev questions that would decide an
+    unproven one: the ONNX and ORT graphs as scored here, the CoreML packages as export_coreml scored them."""
+    def verdict(gates: dict, overall: str | None) -> dict:
+        return {"verdict": overall or "unscored",
+                "questions_to_decide": {name: gate["questions_to_decide"] for name, gate in gates.items()
+                                        if gate.get("questions_to_decide")}}
+
+    found = {Path(report["name"]).name: verdict(report["gates"], report["verdict"]) for report in reports}
+    for name, package in coreml["packages"].items():
+        dev = package.get("dev") or {}
+        found[f"coreml/{package['path']}"] = verdict(dev.get("gates", {}), dev.get("verdict"))
+    return found
+
+
 def worked_example(answerer: onnx_qa.QuestionAnswerer, example: dict) -> dict:
     windows = answerer.windows([example])
     result = answerer.answer(example["question"], example["context"], n_best=3)
@@ -126,6 +141,18 @@ def token_types_step(config: dict) -> str:
             "padding\n   (the CoreML packages derive them inside).")
 
 
+def unproven_note(metrics: dict) -> str:
+    """A line for the app README when a shipped file's accuracy is within the gates by its estimate only."""
+    if not metrics["unproven"]:
+        return "Every shipped model is proven within the accuracy gates on these questions (`manifest.json`).\n"
+    needed = {name: max(metrics["gate_verdicts"][name]["questions_to_decide"].values(), default=None)
+              for name in metrics["unproven"]}
+    listed = ", ".join(f"`{name}`" + (f" ({count:,} questions would decide it)" if count else "")
+                       for name, count in needed.items())
+    return (f"**Unproven**: {listed} met the accuracy gates by their estimate, but the dev set is too small to "
+            "show it beyond noise (`manifest.json`: gate_verdicts).\n")
+
+
 def app_readme(config: dict, metrics: dict, example: dict) -> str:
     onnx_inputs = ", ".join(f"`{i['name']}` ({i['dtype']}, {i['shape']})" for i in config["onnx"]["inputs"])
     coreml_inputs = ", ".join(f"`{i['name']}`" for i in config["coreml"]["inputs"]) or "(no CoreML variant built)"
@@ -145,7 +172,7 @@ Everything here runs on the device; `manifest.json` lists the sha256 of every fi
 
 Dev set of this build ({metrics['n_questions']} questions): exact match {metrics['exact_match']}, F1 {metrics['f1']}
 (ONNX int8 through the torch-free answerer; the PyTorch model: F1 {metrics['pytorch_f1']}).
-
+{unproven_note(metrics)}
 ## Inputs and outputs
 - ONNX: {onnx_inputs}. Outputs `start_logits`, `end_logits`: float32 [batch, sequence], one score per token.
 - CoreML: {coreml_inputs}, int32, shape [1, L] with L one of {config['coreml']['sequence_lengths']}
@@ -218,7 +245,7 @@ def run(cfg: PipelineConfig, quantized_dir: Path, coreml_dir: Path, model_dir: P
             predictions[name] = answerer.predict(examples)
             reports.append(compressed_model_report(f"{out_dir}/{path.name}", predictions[name], pytorch_predictions,
                                                    gold, pytorch_f1, cfg.export.gates.min_answer_agreement,
-                                                   cfg.export.gates.max_f1_drop))
+                                                   cfg.export.gates.max_f1_drop, cfg.export.gates.strict))
         raise_for_failures(reports, str(out_dir))
         answerer = onnx_qa.QuestionAnswerer.with_squad_settings(tmp / ONNX_NAME, tmp / "tokenizer.json", cfg.squad,
                                                                 threads=1)
@@ -226,6 +253,7 @@ def run(cfg: PipelineConfig, quantized_dir: Path, coreml_dir: Path, model_dir: P
         config = qa_config(cfg, answerer, coreml, tokenizer_config)
         atomic_write_json(tmp / "qa_config.json", config)
         onnx_report = reports[0]
+        verdicts = gate_verdicts(reports, coreml)
         metrics = {
             "onnx_variant": choice,
             "onnx_runner_up": quantized["runner_up"],
@@ -241,6 +269,8 @@ def run(cfg: PipelineConfig, quantized_dir: Path, coreml_dir: Path, model_dir: P
             "pytorch_f1": pytorch_f1,
             "answer_agreement_with_pytorch": {"onnx": reports[0]["answer_agreement"], "ort": reports[1]["answer_agreement"]},
             "ort_answers_equal_onnx": sum(predictions["ort"][k] == v for k, v in predictions["onnx"].items()) / len(examples),
+            "gate_verdicts": verdicts,
+            "unproven": sorted(name for name, verdict in verdicts.items() if verdict["verdict"] == "unproven"),
         }
         atomic_write_json(tmp / "metrics.json", metrics)
         readme = app_readme(config, metrics, worked_example(answerer, examples[0]))
@@ -249,6 +279,9 @@ def run(cfg: PipelineConfig, quantized_dir: Path, coreml_dir: Path, model_dir: P
             "files": files_manifest(tmp),
             "library_versions": library_versions(LIBRARIES),
             "config_sha256": config_sha256(cfg),
+            # What the gates could show for each shipped model: proven within every threshold, or unproven (within
+            # by its point estimate, its interval straddling the threshold).
+            "gate_verdicts": verdicts,
             "built_from": {"quantized": str(quantized_dir), "coreml": str(coreml_dir), "model": str(model_dir)},
         })
         verify_manifest(tmp)

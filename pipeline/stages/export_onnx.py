@@ -28,7 +28,8 @@ from pipeline.manifests import verify_input_dirs
 from pipeline.config import PipelineConfig
 from pipeline.export.onnx_graph import (MODEL_FILE, check_fusions, export_fp32, max_logit_difference, optimize_graph,
                                         windows_from_features)
-from pipeline.gates import agreement_gate, enforce_if_strict, gate_questions, logit_parity_report
+from pipeline.gates import (REJECTED, agreement_gate, enforce_if_strict, gate_questions, logit_parity_report,
+                            overall_verdict)
 
 logger = logging.getLogger(__name__)
 
@@ -71,11 +72,13 @@ def run(cfg: PipelineConfig, model_dir: Path, data_dir: Path, out_dir: Path) -> 
             agreement = agreement_gate(predictions, pytorch_predictions, gates.min_pytorch_agreement)
             parity_report = next(report for report in parity if report["name"] == variant)
             parity_report["gates"]["torch_free_answer_agreement"] = agreement
-            parity_report["passed"] = parity_report["passed"] and agreement["passed"]
+            parity_report["verdict"] = overall_verdict(parity_report["gates"])
+            parity_report["passed"] = parity_report["verdict"] != REJECTED
             scores = squad.squad_v1_scores(gold, predictions)
             dev_scores[variant] = {"exact_match": round(scores["exact_match"], 3), "f1": round(scores["f1"], 3),
                                    "answer_agreement_with_pytorch": agreement["value"],
-                                   "gates": parity_report["gates"], "passed": parity_report["passed"]}
+                                   "gates": parity_report["gates"], "verdict": parity_report["verdict"],
+                                   "passed": parity_report["passed"]}
             atomic_write_json(tmp / variant / "predictions.json", predictions)
         metrics = {
             "model_dir": str(model_dir),

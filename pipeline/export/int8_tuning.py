@@ -1,0 +1,270 @@
+"""Accuracy-aware int8: the search the quantize stage calls once, in named steps.
+
+  calibration   tuning questions the gates never score: the first training questions, or (a deploy, which has
+                no training set) the dev questions past export.gates.dev_questions. They calibrate the static
+                (qdq) scales and drive the sensitivity and the fallback.
+  build         every recipe of the grid (pipeline/export/int8.py), and the 4-bit graph.
+  fallback      a recipe whose answers on the tuning questions lose more F1 than export.quantize.fallback's
+                target is tuned as Intel Neural Compressor tunes post-training int8: each quantizable layer's
+                sensitivity (the start/end distributions' KL divergence from the fp32 graph with only that layer
+                quantized), then the most sensitive layers back to fp32, one at a time, until the tuning F1 drop
+                is within the target or the layer budget is spent. Only the recipes most accurate on the tuning
+                questions are tuned (each costs one build per layer).
+  gate          every variant answers the gated dev questions and is judged (pipeline/gates.py).
+  timing        every variant timed in turn in one process, and each fallen-back recipe beside its graph
+                without the fallback: what the fallback costs in latency.
+  choice        among the variants that ship, proven before unproven, accuracy before speed (int8.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from pipeline import onnx_qa, squad
+from pipeline.artifacts import atomic_write_json, directory_size_bytes, megabytes, read_json
+from pipeline.config import PipelineConfig
+from pipeline.export.int8 import (MODEL_FILE, Int8Recipe, activation_matmuls, calibration_feeds, copy_side_files,
+                                  fp32_graph, quantize_int4, quantize_int8, weight_storage)
+from pipeline.gates import GateQuestions, compressed_model_report
+from pipeline.latency import compare_latency
+from pipeline.statistics import per_question_f1
+
+logger = logging.getLogger(__name__)
+
+WITHOUT_FALLBACK = " (no fallback)"  # the timing key of a tuned recipe's graph before its fallback
+
+
+@dataclass
+class TuningQuestions:
+    """Questions that calibrate and tune, never scored by the gates, with where they come from."""
+
+    examples: list[dict[str, str]]
+    gold: dict[str, list[str]]
+    windows: onnx_qa.Windows
+    source: str
+
+
+# ------------------------------------------------------------------------------------------------ calibration
+
+
+def tuning_questions(data_dir: Path, onnx_dir: Path, cfg: PipelineConfig) -> tuple[TuningQuestions | None, str]:
+    """Up to export.quantize.tuning_questions questions the gates never score, and where they come from: the
+    first training questions; for a deploy (no training set), the dev questions past export.gates.dev_questions;
+    None, with the reason, when there are none."""
+    from pipeline.data import load_squad
+
+    count = cfg.export.quantize.tuning_questions
+    if (data_dir / "train.jsonl").is_file():
+        records, where = load_squad(str(data_dir / "train.jsonl"))[0], "training questions"
+        records = records.select(range(min(count, len(records))))
+    else:
+        records = load_squad(str(data_dir / "dev.jsonl"))[0]
+        gated = cfg.export.gates.dev_questions or len(records)
+        past = range(min(gated, len(records)), min(gated + count, len(records)))
+        records = records.select(past) if len(past) else None  # datasets refuses an empty range past the end
+        where = f"dev questions past the {gated} the gates score"
+    if records is None or len(records) == 0:
+        return None, (f"no training questions and no dev questions past the {cfg.export.gates.dev_questions} gated "
+                      "ones to calibrate and tune on (a longer dev set, data.max_dev_examples, gives some)")
+    answerer = onnx_qa.QuestionAnswerer.with_squad_settings(onnx_dir / "fp32" / MODEL_FILE,
+                                                            onnx_dir / "fp32" / "tokenizer.json", cfg.squad, threads=1)
+    examples = squad.questions(records)
+    return (TuningQuestions(examples, squad.gold_answers(records), answerer.windows(examples),
+                            f"{len(examples)} {where}"), f"{len(examples)} {where}")
+
+
+# ------------------------------------------------------------------------------------------------ sensitivity
+
+
+class GraphAnswers:
+    """A graph's start/end logits and answers on the tuning questions."""
+
+    def __init__(self, path: Path, tuning: TuningQuestions, cfg: PipelineConfig, threads: int | None):
+        session = onnx_qa.QuestionAnswerer.with_squad_settings(path, path.parent / "tokenizer.json", cfg.squad,
+                                                               threads=threads).session
+        self.start, self.end = onnx_qa.window_logits(session, tuning.windows)
+        candidates = squad.n_best_predictions(
+            {"id": [e["id"] for e in tuning.examples], "context": [e["context"] for e in tuning.examples]},
+            {"example_id": tuning.windows.example_ids, "offset_mapping": tuning.windows.context_offsets},
+            self.start, self.end, n_best_size=cfg.squad.n_best_size, max_answer_length=cfg.squad.max_answer_length)
+        self.predictions = {qid: (found[0]["text"] if found else "") for qid, found in candidates.items()}
+
+
+def distribution_divergence(reference: GraphAnswers, other: GraphAnswers, mask: np.ndarray) -> float:
+    """Mean KL divergence of the start and end distributions (softmax over each window's real tokens) of `other`
+    from `reference`: what decides the answer, unlike a raw logit difference that a shift would inflate."""
+    total = 0.0
+    for ours, theirs in ((reference.start, other.start), (reference.end, other.end)):
+        p_log = log_softmax(np.where(mask, ours, -1e4))
+        q_log = log_softmax(np.where(mask, theirs, -1e4))
+        total += float((np.exp(p_log) * (p_log - q_log)).sum(axis=1).mean())
+    return total / 2
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+
+
+def quantizable_layers(graph_path: Path, recipe: Int8Recipe) -> list[str]:
+    """The nodes a recipe quantizes, by name: MatMuls with a stored weight (and, with int8 attention, attention's
+    activation products), fused Attention nodes, and Gathers of a stored table (the embeddings)."""
+    graph = onnx.load(str(graph_path), load_external_data=False).graph
+    stored = {initializer.name for initializer in graph.initializer}
+    stored |= {output for node in graph.node if node.op_type == "Constant" for output in node.output}
+    activation = set(activation_matmuls(graph_path)) if recipe.attention_int8 else set()
+    names = []
+    for node in graph.node:
+        weighted = ((node.op_type in ("MatMul", "Attention") and node.input[1] in stored)
+                    or (node.op_type == "Gather" and node.input[0] in stored))
+        if weighted or node.name in activation:
+            names.append(node.name)
+    return names
+
+
+def layer_sensitivity(source: Path, recipe: Int8Recipe, layers: list[str], reduce_range: bool,
+                      calibration: list | None, tuning: TuningQuestions, reference: GraphAnswers,
+                      cfg: PipelineConfig, scratch: Path, side_files: Path) -> dict[str, float]:
+    """Each layer's divergence from the fp32 graph with only that layer quantized, most sensitive first."""
+    mask = tuning.windows.attention_mask.astype(bool)
+    copy_side_files(side_files, scratch)
+    sensitivity = {}
+    for layer in layers:
+        quantize_int8(source, scratch / MODEL_FILE, recipe, reduce_range, calibration, only=[layer])
+        sensitivity[layer] = round(distribution_divergence(reference, GraphAnswers(scratch / MODEL_FILE, tuning, cfg,
+                                                                                   threads=None), mask), 6)
+    shutil.rmtree(scratch, ignore_errors=True)
+    return dict(sorted(sensitivity.items(), key=lambda item: -item[1]))
+
+
+# ------------------------------------------------------------------------------------------------ fallback
+
+
+def tuning_drop(graph: GraphAnswers, reference_f1: np.ndarray, tuning: TuningQuestions,
+                reference: GraphAnswers) -> dict:
+    """A graph's F1 drop from the fp32 graph on the tuning questions and its answer agreement with it."""
+    drop = float((reference_f1 - per_question_f1(graph.predictions, tuning.gold)).mean())
+    same = sum(graph.predictions[qid] == answer for qid, answer in reference.predictions.items())
+    return {"f1_drop": round(drop, 3), "answer_agreement": round(same / len(reference.predictions), 4)}
+
+
+def fall_back(source: Path, target: Path, recipe: Int8Recipe, reduce_range: bool, calibration: list | None,
+              tuning: TuningQuestions, reference: GraphAnswers, reference_f1: np.ndarray, before: dict,
+              cfg: PipelineConfig, scratch: Path) -> dict:
+    """The recipe's graph at `target` with its most sensitive layers in fp32, one more at a time, until the
+    tuning F1 drop is within export.quantize.fallback.target_f1_drop (or max_layers are back); returns the record
+    (sensitivity, each step, the layers that fell back). `target` keeps the best step's graph."""
+    fcfg = cfg.export.quantize.fallback
+    layers = quantizable_layers(source, recipe)
+    sensitivity = layer_sensitivity(source, recipe, layers, reduce_range, calibration, tuning, reference, cfg,
+                                    scratch, side_files=target.parent)
+    steps, fell_back, best = [], [], (before["f1_drop"], 0)
+    kept = target.parent / "fallback-step.onnx"
+    shutil.copy(target, kept)  # step 0: no fallback
+    for layer in list(sensitivity)[:fcfg.max_layers]:
+        fell_back.append(layer)
+        quantize_int8(source, target, recipe, reduce_range, calibration, exclude=fell_back)
+        measured = tuning_drop(GraphAnswers(target, tuning, cfg, threads=None), reference_f1, tuning, reference)
+        steps.append({"layer": layer, "sensitivity": sensitivity[layer], **measured})
+        logger.info("int8 fallback %s: %s back to fp32 -> tuning F1 drop %s", recipe.name, layer, measured["f1_drop"])
+        if measured["f1_drop"] < best[0]:
+            best = (measured["f1_drop"], len(fell_back))
+            shutil.copy(target, kept)
+        if measured["f1_drop"] <= fcfg.target_f1_drop:
+            break
+    shutil.move(kept, target)  # the step with the smallest tuning drop (the last one when it reached the target)
+    return {"target_f1_drop": fcfg.target_f1_drop, "max_layers": fcfg.max_layers, "before": before,
+            "sensitivity": sensitivity, "steps": steps, "fell_back": fell_back[:best[1]],
+            "after": steps[best[1] - 1] if best[1] else before, "reached_target": best[0] <= fcfg.target_f1_drop}
+
+
+# ------------------------------------------------------------------------------------------------ the search
+
+
+def build_and_tune(onnx_dir: Path, out_dir: Path, cfg: PipelineConfig, settings: dict,
+                   recipes: dict[str, Int8Recipe], tuning: TuningQuestions | None) -> tuple[list[str], dict, dict]:
+    """Every recipe built (and the 4-bit graph), the ones to tune tuned; returns the variant names, each tuned
+    recipe's fallback record and the graphs before their fallback (for the timing)."""
+    qcfg = cfg.export.quantize
+    graphs_dir, names, sources, calibrations = out_dir / "fp32-graphs", [], {}, {}
+    for name, recipe in recipes.items():
+        sources[name] = fp32_graph(onnx_dir, recipe.graph, graphs_dir)
+        calibrations[name] = (calibration_feeds(tuning.windows, sources[name], qcfg.calibration_windows)
+                              if recipe.format == "qdq" and tuning is not None else None)
+        copy_side_files(onnx_dir / "fp32", out_dir / name)
+        quantize_int8(sources[name], out_dir / name / MODEL_FILE, recipe, settings["reduce_range"], calibrations[name])
+        names.append(name)
+    if qcfg.int4:
+        copy_side_files(onnx_dir / "fp32", out_dir / "int4")
+        quantize_int4(onnx_dir / "fp32" / MODEL_FILE, out_dir / "int4" / MODEL_FILE, qcfg.int4_block_size,
+                      qcfg.int4_embeddings)
+        names.append("int4")
+    fallbacks, untuned = {}, {}
+    if tuning is None or qcfg.fallback.recipes == 0:
+        return names, fallbacks, untuned
+    reference = GraphAnswers(onnx_dir / "fp32" / MODEL_FILE, tuning, cfg, threads=None)
+    reference_f1 = per_question_f1(reference.predictions, tuning.gold)
+    before = {name: tuning_drop(GraphAnswers(out_dir / name / MODEL_FILE, tuning, cfg, threads=None), reference_f1,
+                                tuning, reference) for name in recipes}
+    over = sorted((name for name in recipes if before[name]["f1_drop"] > qcfg.fallback.target_f1_drop),
+                  key=lambda name: before[name]["f1_drop"])
+    for name in over[:qcfg.fallback.recipes]:  # the most accurate of those over the target: worth a layer each
+        untuned[name] = out_dir / "untuned" / name / MODEL_FILE
+        copy_side_files(onnx_dir / "fp32", untuned[name].parent)
+        shutil.copy(out_dir / name / MODEL_FILE, untuned[name])
+        fallbacks[name] = fall_back(sources[name], out_dir / name / MODEL_FILE, recipes[name],
+                                    settings["reduce_range"], calibrations[name], tuning, reference, reference_f1,
+                                    before[name], cfg, out_dir / "sensitivity")
+    for name in recipes:
+        fallbacks.setdefault(name, {"before": before[name], "fell_back": [],
+                                    "tuned": False if name in over else "within the target"})
+    return names, fallbacks, untuned
+
+
+def search(onnx_dir: Path, out_dir: Path, cfg: PipelineConfig, settings: dict, recipes: dict[str, Int8Recipe],
+           tuning: TuningQuestions | None, questions: GateQuestions, threads: int) -> tuple[dict, dict]:
+    """Build, tune, gate and time every variant into out_dir; returns the variants' records and the per-question
+    F1 of each (for the choice)."""
+    gates, qcfg = cfg.export.gates, cfg.export.quantize
+    names, fallbacks, untuned = build_and_tune(onnx_dir, out_dir, cfg, settings, recipes, tuning)
+    variants, f1_by_question, windows = {}, {}, None
+    for name in names:
+        answerer = onnx_qa.QuestionAnswerer.with_squad_settings(
+            out_dir / name / MODEL_FILE, out_dir / name / "tokenizer.json", cfg.squad, threads=threads)
+        windows = answerer.windows(questions.examples) if windows is None else windows  # one tokenizer for all
+        predictions = answerer.predict(questions.examples, windows)
+        atomic_write_json(out_dir / name / "predictions.json", predictions)
+        report = compressed_model_report(f"{out_dir}/{name}", predictions, questions.pytorch_predictions,
+                                         questions.gold, questions.pytorch_f1, gates.min_answer_agreement,
+                                         gates.max_f1_drop, gates.strict)
+        f1_by_question[name] = per_question_f1(predictions, questions.gold)
+        variants[name] = {
+            "path": f"{name}/{MODEL_FILE}",
+            "recipe": asdict(recipes[name]) if name in recipes else None,
+            "size_mb": megabytes(directory_size_bytes(out_dir / name / MODEL_FILE)),
+            **{k: report[k] for k in ("exact_match", "f1", "f1_drop", "answer_agreement", "gates", "verdict",
+                                      "passed")},
+            **({"fallback": fallbacks[name]} if name in fallbacks else {}),
+            **weight_storage(out_dir / name / MODEL_FILE),
+        }
+    # Timed in turn in one process, each tuned recipe beside its graph before the fallback.
+    paths = {name: out_dir / name / MODEL_FILE for name in variants}
+    paths.update({name + WITHOUT_FALLBACK: path for name, path in untuned.items()})
+    vocab_size = read_json(onnx_dir / "fp32" / "config.json")["vocab_size"]
+    timings = compare_latency(paths, cfg.squad.max_seq_length, vocab_size, threads=1, runs=qcfg.latency_runs)
+    for name in variants:
+        variants[name]["latency_ms"] = timings[name]
+        if name in untuned:
+            cost = timings[name]["p50"] - timings[name + WITHOUT_FALLBACK]["p50"]
+            variants[name]["fallback"]["latency_ms_without_fallback"] = timings[name + WITHOUT_FALLBACK]
+            variants[name]["fallback"]["latency_cost_ms_p50"] = round(cost, 3)
+    shutil.rmtree(out_dir / "fp32-graphs", ignore_errors=True)  # intermediate graphs, not outputs
+    shutil.rmtree(out_dir / "untuned", ignore_errors=True)
+    return variants, f1_by_question
+
