@@ -134,16 +134,14 @@ def prepare(work: Path) -> dict:
 
 def deploy(work: Path) -> dict:
     """The documented command, run in `work` with the project's Snakefile, offline."""
-    command = documented_command().replace(".venv/bin/snakemake", f"{shlex.quote(str(PROJECT / '.venv/bin/snakemake'))}"
-                                           f" --snakefile {shlex.quote(str(PROJECT / 'Snakefile'))}"
-                                           f" --directory {shlex.quote(str(PROJECT))}")
+    command = documented_command()
     # The gates' size for this small dev file rides in as a second config file (merged over configs/deploy.yaml).
     (work / "gates.yaml").write_text(f"export:\n  gates:\n    dev_questions: {GATED_QUESTIONS}\n")
     command = command.replace("--configfile configs/deploy.yaml",
                               f"--configfile configs/deploy.yaml {shlex.quote(str(work / 'gates.yaml'))}")
     command = command.replace("./my-qa-model", str(work / "my-qa-model")).replace("./my-dev.json",
                                                                                   str(work / "my-dev.json"))
-    command += f" --config output_root={shlex.quote(str(work / 'artifacts'))}"
+    command += f" output_root={shlex.quote(str(work / 'artifacts'))}"  # one more key of the command's --config
     environment = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     started = time.perf_counter()
     completed = subprocess.run(command, shell=True, cwd=PROJECT, env=environment)

@@ -9,6 +9,8 @@ artifacts/bundle/
   qa_config.json            windowing and n-best settings, input/output names and types, file names
   README.md                 the contract for app developers, with a worked example from this build
   metrics.json              dev scores of the bundled model through the torch-free answerer
+  huggingface/              the same int8 graph in the Hugging Face layout (config.json, tokenizer files,
+                            onnx/model_quantized.onnx) that transformers.js and optimum load as it is
   manifest.json             sha256 and bytes of every file, library versions, the hash of the config that built it
 The rule answers every dev question with the bundled ONNX and .ort models through pipeline/onnx_qa.py (no torch)
 and holds them to the int8 gates against the PyTorch student.
@@ -25,6 +27,7 @@ from pipeline import onnx_qa
 from pipeline.artifacts import atomic_output_dir, atomic_write_json, directory_size_bytes, megabytes, read_json
 from pipeline.manifests import config_sha256, files_manifest, library_versions, verify_input_dirs, verify_manifest
 from pipeline.config import PipelineConfig
+from pipeline.export.hf_layout import write_hf_layout
 from pipeline.gates import GateError, compressed_model_report, failure_lines, gate_questions, raise_for_failures
 from pipeline.model_card import bundle_card, write_model_card
 
@@ -275,6 +278,7 @@ def run(cfg: PipelineConfig, quantized_dir: Path, coreml_dir: Path, model_dir: P
         atomic_write_json(tmp / "metrics.json", metrics)
         readme = app_readme(config, metrics, worked_example(answerer, examples[0]))
         write_model_card(bundle_card(cfg, metrics, readme, model_dir, data_dir), tmp)  # the app README with model-card metadata
+        write_hf_layout(source, tmp / ONNX_NAME, tmp / "huggingface")
         atomic_write_json(tmp / "manifest.json", {
             "files": files_manifest(tmp),
             "library_versions": library_versions(LIBRARIES),
