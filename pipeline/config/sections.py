@@ -436,6 +436,11 @@ class QuantizeConfig:
 class CoreMLConfig:
     """CoreML mlprogram conversion (coremltools) from the traced PyTorch model."""
 
+    fallback: bool = option(
+        True, "Keep the most sensitive layers of the int8 and 4-bit packages in float where the compressed proxy "
+        "loses more than export.quantize.fallback.target_f1_drop on the tuning questions (the int8 search's fallback, "
+        "with its target and layer budget).",
+    )
     minimum_deployment_target: Literal["iOS16", "iOS17", "iOS18"] = option(
         "iOS18",
         "iOS18: input_ids and attention_mask both take the enumerated lengths. iOS16/17 allow only one enumerated "

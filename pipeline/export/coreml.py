@@ -76,8 +76,11 @@ def load_wrapped(model_dir: Path, mask_input: bool) -> CoreMLQuestionAnswering:
     return CoreMLQuestionAnswering(model, pad_token_id, sep_token_id, mask_input).eval()
 
 
-def compress(wrapped: torch.nn.Module, variant: str, cfg: CoreMLConfig) -> torch.nn.Module:
-    """The PyTorch-side compressed copy (weights quantized and dequantized, with metadata coremltools converts)."""
+def compress(wrapped: torch.nn.Module, variant: str, cfg: CoreMLConfig, keep_float: tuple[str, ...] = (),
+             only: str | None = None) -> torch.nn.Module:
+    """The PyTorch-side compressed copy (weights quantized and dequantized, with metadata coremltools converts).
+    `keep_float`: modules (names in `wrapped`) left uncompressed, the fallback; `only`: compress just this module
+    (a layer's sensitivity)."""
     if variant == "fp16":
         return wrapped
     if variant == "int8":
@@ -88,21 +91,36 @@ def compress(wrapped: torch.nn.Module, variant: str, cfg: CoreMLConfig) -> torch
             # third of DistilBERT's weights; the same per-row symmetric int8 applies to them.
             _supported_modules = PostTrainingQuantizer._supported_modules + (torch.nn.Embedding,)
 
-        config = PostTrainingQuantizerConfig.from_dict({"global_config": {
-            "weight_dtype": "int8", "granularity": "per_channel", "quantization_scheme": "symmetric"}})
+        layer = {"weight_dtype": "int8", "granularity": "per_channel", "quantization_scheme": "symmetric"}
+        config = PostTrainingQuantizerConfig.from_dict(module_configs(layer, {}, keep_float, only))
         return QuantizerWithEmbeddings(wrapped, config).compress()
     if variant == "4bit":
         from coremltools.optimize.torch.palettization import PostTrainingPalettizer, PostTrainingPalettizerConfig
 
-        global_config = {"n_bits": 4, "granularity": cfg.palettization_granularity}
+        layer = {"n_bits": 4, "granularity": cfg.palettization_granularity}
         if cfg.palettization_granularity == "per_grouped_channel":
-            global_config["group_size"] = cfg.palettization_group_size
-        config = {"global_config": global_config}
-        if not cfg.palettize_embeddings:
-            config["module_type_configs"] = {"Embedding": None}
-        config = PostTrainingPalettizerConfig.from_dict(config)
+            layer["group_size"] = cfg.palettization_group_size
+        by_type = {} if cfg.palettize_embeddings else {"Embedding": None}
+        config = PostTrainingPalettizerConfig.from_dict(module_configs(layer, by_type, keep_float, only))
         return PostTrainingPalettizer(wrapped, config).compress()
     raise ValueError(f"unknown CoreML variant {variant!r}")
+
+
+def module_configs(layer: dict, by_type: dict, keep_float: tuple[str, ...], only: str | None) -> dict:
+    """coremltools.optimize.torch's config dict: every module compressed (by type, minus `keep_float`), or `only`."""
+    if only is not None:
+        return {"global_config": None, "module_name_configs": {only: layer}}
+    config: dict = {"global_config": layer, "module_name_configs": {name: None for name in keep_float}}
+    if by_type:
+        config["module_type_configs"] = by_type
+    return config
+
+
+def compressible_layers(wrapped: torch.nn.Module, variant: str, cfg: CoreMLConfig) -> list[str]:
+    """Names of the modules a variant compresses (Linear layers, and Embedding tables where it compresses them)."""
+    with_embeddings = variant == "int8" or cfg.palettize_embeddings
+    kinds = (torch.nn.Linear, torch.nn.Embedding) if with_embeddings else (torch.nn.Linear,)
+    return [name for name, module in wrapped.named_modules() if isinstance(module, kinds)]
 
 
 def convert(wrapped: torch.nn.Module, cfg: CoreMLConfig, out_path: Path) -> None:
@@ -178,10 +196,11 @@ def check_package(info: dict, variant: str, cfg: CoreMLConfig, n_weight_matrices
 
 
 @torch.no_grad()
-def proxy_predictions(wrapped: torch.nn.Module, dev, features, cfg: PipelineConfig) -> dict[str, str]:
-    """Dev answers of the PyTorch-side proxy, computed in float16 like the package, on dev's windows `features`
-    (qa.validation_windows)."""
-    model = wrapped.half()
+def proxy_logits(wrapped: torch.nn.Module, features, cfg: PipelineConfig,
+                 half: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end logits of the PyTorch-side proxy on the windows `features` (qa.validation_windows), computed
+    in float16 like the package (half=False: float32, for the fallback's many quick comparisons)."""
+    model = wrapped.half() if half else wrapped
     ids = np.asarray(features.with_format("numpy")["input_ids"])
     mask = np.asarray(features.with_format("numpy")["attention_mask"])
     starts = np.full(ids.shape, -1e4, dtype=np.float32)
@@ -192,6 +211,13 @@ def proxy_predictions(wrapped: torch.nn.Module, dev, features, cfg: PipelineConf
         start, end = model(input_ids, attention_mask) if model.mask_input else model(input_ids)
         starts[rows, :length], ends[rows, :length] = start.float().numpy(), end.float().numpy()
     model.float()
+    return starts, ends
+
+
+def proxy_predictions(wrapped: torch.nn.Module, dev, features, cfg: PipelineConfig, half: bool = True) -> dict[str, str]:
+    """Dev answers of the PyTorch-side proxy (float16 like the package, unless half=False) on dev's windows
+    `features` (qa.validation_windows)."""
+    starts, ends = proxy_logits(wrapped, features, cfg, half)
     return squad.postprocess_predictions(dev, features, starts, ends, n_best_size=cfg.squad.n_best_size,
                                          max_answer_length=cfg.squad.max_answer_length)
 
@@ -203,8 +229,9 @@ def check_lengths(cfg: CoreMLConfig, max_positions: int, where: str) -> None:
                           f"{max_positions}")
 
 
-def weight_matrix_count(model: torch.nn.Module, variant: str, cfg: CoreMLConfig) -> int:
-    """How many weight tensors the variant compresses (Linear layers, and Embedding tables unless left out)."""
+def weight_matrix_count(model: torch.nn.Module, variant: str, cfg: CoreMLConfig, kept_float: int = 0) -> int:
+    """How many weight tensors the variant compresses (Linear layers, and Embedding tables unless left out), less
+    the ones the fallback kept in float."""
     with_embeddings = variant == "int8" or cfg.palettize_embeddings
     kinds = (torch.nn.Linear, torch.nn.Embedding) if with_embeddings else (torch.nn.Linear,)
-    return sum(isinstance(module, kinds) for module in model.modules())
+    return sum(isinstance(module, kinds) for module in model.modules()) - kept_float

@@ -53,10 +53,10 @@ class TuningQuestions:
 # ------------------------------------------------------------------------------------------------ calibration
 
 
-def tuning_questions(data_dir: Path, onnx_dir: Path, cfg: PipelineConfig) -> tuple[TuningQuestions | None, str]:
-    """Up to export.quantize.tuning_questions questions the gates never score, and where they come from: the
-    first training questions; for a deploy (no training set), the dev questions past export.gates.dev_questions;
-    None, with the reason, when there are none."""
+def tuning_records(data_dir: Path, cfg: PipelineConfig):
+    """Up to export.quantize.tuning_questions question records (datasets) the gates never score, and where they
+    come from: the first training questions; for a deploy (no training set), the dev questions past
+    export.gates.dev_questions; None, with the reason, when there are none."""
     from pipeline.data import load_squad
 
     count = cfg.export.quantize.tuning_questions
@@ -72,11 +72,18 @@ def tuning_questions(data_dir: Path, onnx_dir: Path, cfg: PipelineConfig) -> tup
     if records is None or len(records) == 0:
         return None, (f"no training questions and no dev questions past the {cfg.export.gates.dev_questions} gated "
                       "ones to calibrate and tune on (a longer dev set, data.max_dev_examples, gives some)")
+    return records, f"{len(records)} {where}"
+
+
+def tuning_questions(data_dir: Path, onnx_dir: Path, cfg: PipelineConfig) -> tuple[TuningQuestions | None, str]:
+    """The tuning questions (tuning_records) windowed by the fp32 export's tokenizer, and where they come from."""
+    records, where = tuning_records(data_dir, cfg)
+    if records is None:
+        return None, where
     answerer = onnx_qa.QuestionAnswerer.with_squad_settings(onnx_dir / "fp32" / MODEL_FILE,
                                                             onnx_dir / "fp32" / "tokenizer.json", cfg.squad, threads=1)
     examples = squad.questions(records)
-    return (TuningQuestions(examples, squad.gold_answers(records), answerer.windows(examples),
-                            f"{len(examples)} {where}"), f"{len(examples)} {where}")
+    return TuningQuestions(examples, squad.gold_answers(records), answerer.windows(examples), where), where
 
 
 # ------------------------------------------------------------------------------------------------ sensitivity
@@ -96,11 +103,13 @@ class GraphAnswers:
         self.predictions = {qid: (found[0]["text"] if found else "") for qid, found in candidates.items()}
 
 
-def distribution_divergence(reference: GraphAnswers, other: GraphAnswers, mask: np.ndarray) -> float:
+def distribution_divergence(reference: tuple[np.ndarray, np.ndarray], other: tuple[np.ndarray, np.ndarray],
+                            mask: np.ndarray) -> float:
     """Mean KL divergence of the start and end distributions (softmax over each window's real tokens) of `other`
-    from `reference`: what decides the answer, unlike a raw logit difference that a shift would inflate."""
+    from `reference` (each a (start, end) pair of logits): what decides the answer, unlike a raw logit difference
+    that a shift would inflate."""
     total = 0.0
-    for ours, theirs in ((reference.start, other.start), (reference.end, other.end)):
+    for ours, theirs in zip(reference, other):
         p_log = log_softmax(np.where(mask, ours, -1e4))
         q_log = log_softmax(np.where(mask, theirs, -1e4))
         total += float((np.exp(p_log) * (p_log - q_log)).sum(axis=1).mean())
@@ -137,8 +146,9 @@ def layer_sensitivity(source: Path, recipe: Int8Recipe, layers: list[str], reduc
     sensitivity = {}
     for layer in layers:
         quantize_int8(source, scratch / MODEL_FILE, recipe, reduce_range, calibration, only=[layer])
-        sensitivity[layer] = round(distribution_divergence(reference, GraphAnswers(scratch / MODEL_FILE, tuning, cfg,
-                                                                                   threads=None), mask), 6)
+        quantized = GraphAnswers(scratch / MODEL_FILE, tuning, cfg, threads=None)
+        sensitivity[layer] = round(distribution_divergence((reference.start, reference.end),
+                                                           (quantized.start, quantized.end), mask), 6)
     shutil.rmtree(scratch, ignore_errors=True)
     return dict(sorted(sensitivity.items(), key=lambda item: -item[1]))
 

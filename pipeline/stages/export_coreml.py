@@ -24,8 +24,9 @@ from pipeline import qa, squad
 from pipeline.artifacts import atomic_output_dir, atomic_write_json, directory_size_bytes, megabytes
 from pipeline.manifests import verify_input_dirs
 from pipeline.config import PipelineConfig
-from pipeline.export.coreml import (MASKED_SCORE, check_lengths, check_package, compress, convert, load_wrapped,
+from pipeline.export.coreml import (MASKED_SCORE, check_lengths, check_package, convert, load_wrapped,
                                     proxy_predictions, read_package, weight_matrix_count)
+from pipeline.export.coreml_tuning import compress_with_fallback, proxy_tuning
 from pipeline.gates import compressed_model_report, gate_questions
 
 logger = logging.getLogger(__name__)
@@ -47,16 +48,21 @@ def run(cfg: PipelineConfig, model_dir: Path, data_dir: Path | None, out_dir: Pa
         features = qa.validation_windows(dev, AutoTokenizer.from_pretrained(model_dir), cfg.squad)  # once for all
         pytorch_predictions, pytorch_f1 = questions.pytorch_predictions, questions.pytorch_f1
 
+    compressed_variants = set(ccfg.variants) - {"fp16"}
+    tuning, tuned_on = (proxy_tuning(data_dir, model_dir, mask_input, cfg)
+                        if data_dir is not None and ccfg.fallback and compressed_variants else (None, None))
     packages = {}
     with atomic_output_dir(out_dir, cfg) as tmp:
         for variant in ccfg.variants:
-            wrapped = load_wrapped(model_dir, mask_input)
-            compressed = compress(wrapped, variant, ccfg)
+            compressed, fallback = compress_with_fallback(model_dir, mask_input, variant, cfg, tuning)
+            kept_float = len((fallback or {}).get("fell_back", []))
             path = tmp / f"{variant}.mlpackage"
             convert(compressed, ccfg, path)
             info = read_package(path)
-            check_package(info, variant, ccfg, weight_matrix_count(wrapped.model, variant, ccfg), f"{out_dir}/{path.name}")
-            packages[variant] = {"path": path.name, "size_mb": megabytes(directory_size_bytes(path)), **info}
+            check_package(info, variant, ccfg, weight_matrix_count(load_wrapped(model_dir, mask_input).model, variant,
+                                                                   ccfg, kept_float), f"{out_dir}/{path.name}")
+            packages[variant] = {"path": path.name, "size_mb": megabytes(directory_size_bytes(path)), **info,
+                                 **({"fallback": fallback} if fallback is not None else {})}
             if dev is not None:
                 predictions = proxy_predictions(compressed, dev, features, cfg)
                 report = compressed_model_report(f"{out_dir}/{path.name} (pytorch-proxy)", predictions,
@@ -72,6 +78,7 @@ def run(cfg: PipelineConfig, model_dir: Path, data_dir: Path | None, out_dir: Pa
             "sequence_lengths": sorted(ccfg.sequence_lengths),
             "masked_score": MASKED_SCORE,
             "n_questions": None if gold is None else len(gold),  # the dev questions each package's proxy is gated on
+            "tuned_on": tuned_on,
             "packages": packages,
             "rejected": sorted(variant for variant, package in packages.items()
                                if package.get("dev", {}).get("passed") is False),

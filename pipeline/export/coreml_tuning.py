@@ -1,0 +1,103 @@
+"""Accuracy-aware CoreML compression: the int8 search's fallback (pipeline/export/int8_tuning.py) for the CoreML
+packages' int8 and 4-bit weights, on the PyTorch-side proxy.
+
+A compressed variant whose proxy loses more than export.quantize.fallback.target_f1_drop on the tuning questions
+(never the gated ones) keeps its most sensitive layers in float: each compressible layer's sensitivity is the
+divergence of the start/end distributions from the uncompressed model with only that layer compressed; then the
+most sensitive layers are left uncompressed one at a time until the tuning drop is within the target or the
+layer budget is spent. The steps run the proxy in float32 (many quick comparisons on a CPU without fast float16);
+the gate then scores the chosen package's float16 proxy on the gated questions as usual.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pipeline import qa, squad
+from pipeline.config import PipelineConfig
+from pipeline.export.coreml import compress, compressible_layers, load_wrapped, proxy_logits
+from pipeline.export.int8_tuning import distribution_divergence, tuning_records
+from pipeline.statistics import per_question_f1
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ProxyTuning:
+    """Tuning questions windowed for the PyTorch proxy, with the uncompressed model's logits and answers."""
+
+    records: object  # datasets.Dataset
+    features: object  # their windows (qa.validation_windows)
+    gold: dict[str, list[str]]
+    reference: tuple[np.ndarray, np.ndarray]
+    reference_f1: np.ndarray
+    source: str
+
+    @property
+    def mask(self) -> np.ndarray:
+        return np.asarray(self.features.with_format("numpy")["attention_mask"]).astype(bool)
+
+
+def proxy_tuning(data_dir: Path, model_dir: Path, mask_input: bool, cfg: PipelineConfig) -> tuple[ProxyTuning | None, str]:
+    """The tuning questions (int8_tuning.tuning_records) with the uncompressed float32 proxy's logits and F1."""
+    from transformers import AutoTokenizer
+
+    records, where = tuning_records(data_dir, cfg)
+    if records is None:
+        return None, where
+    features = qa.validation_windows(records, AutoTokenizer.from_pretrained(model_dir), cfg.squad)
+    reference = proxy_logits(load_wrapped(model_dir, mask_input), features, cfg, half=False)
+    tuning = ProxyTuning(records, features, squad.gold_answers(records), reference, np.array([]), where)
+    tuning.reference_f1 = per_question_f1(answers(reference, tuning, cfg), tuning.gold)
+    return tuning, where
+
+
+def answers(logits: tuple[np.ndarray, np.ndarray], tuning: ProxyTuning, cfg: PipelineConfig) -> dict[str, str]:
+    return squad.postprocess_predictions(tuning.records, tuning.features, *logits, n_best_size=cfg.squad.n_best_size,
+                                         max_answer_length=cfg.squad.max_answer_length)
+
+
+def tuning_drop(model: torch.nn.Module, tuning: ProxyTuning, cfg: PipelineConfig) -> tuple[float, tuple]:
+    """The compressed proxy's F1 drop from the uncompressed one on the tuning questions, and its logits."""
+    logits = proxy_logits(model, tuning.features, cfg, half=False)
+    drop = float((tuning.reference_f1 - per_question_f1(answers(logits, tuning, cfg), tuning.gold)).mean())
+    return round(drop, 3), logits
+
+
+def compress_with_fallback(model_dir: Path, mask_input: bool, variant: str, cfg: PipelineConfig,
+                           tuning: ProxyTuning | None) -> tuple[torch.nn.Module, dict | None]:
+    """The variant's compressed proxy, with the fallback's layers kept in float where its tuning drop is over the
+    target; returns it and the fallback's record (None: no tuning questions, or an uncompressed variant)."""
+    ccfg, fcfg = cfg.export.coreml, cfg.export.quantize.fallback
+    compressed = compress(load_wrapped(model_dir, mask_input), variant, ccfg)
+    if tuning is None or variant == "fp16" or not ccfg.fallback:
+        return compressed, None
+    before, _ = tuning_drop(compressed, tuning, cfg)
+    if before <= fcfg.target_f1_drop:
+        return compressed, {"before": {"f1_drop": before}, "fell_back": [], "tuned": "within the target"}
+    layers = compressible_layers(load_wrapped(model_dir, mask_input), variant, ccfg)
+    sensitivity = {}
+    for layer in layers:
+        _, logits = tuning_drop(compress(load_wrapped(model_dir, mask_input), variant, ccfg, only=layer), tuning, cfg)
+        sensitivity[layer] = round(distribution_divergence(tuning.reference, logits, tuning.mask), 6)
+    sensitivity = dict(sorted(sensitivity.items(), key=lambda item: -item[1]))
+    steps, best = [], (before, 0)
+    for count, layer in enumerate(list(sensitivity)[:fcfg.max_layers], start=1):
+        kept = tuple(list(sensitivity)[:count])
+        drop, _ = tuning_drop(compress(load_wrapped(model_dir, mask_input), variant, ccfg, keep_float=kept), tuning, cfg)
+        steps.append({"layer": layer, "sensitivity": sensitivity[layer], "f1_drop": drop})
+        logger.info("CoreML %s fallback: %s kept in float -> tuning F1 drop %s", variant, layer, drop)
+        if drop < best[0]:
+            best = (drop, count)
+        if drop <= fcfg.target_f1_drop:
+            break
+    kept = tuple(list(sensitivity)[:best[1]])
+    chosen = compress(load_wrapped(model_dir, mask_input), variant, ccfg, keep_float=kept) if kept else compressed
+    return chosen, {"target_f1_drop": fcfg.target_f1_drop, "max_layers": fcfg.max_layers, "tuned_on": tuning.source,
+                    "before": {"f1_drop": before}, "sensitivity": sensitivity, "steps": steps, "fell_back": list(kept),
+                    "after": {"f1_drop": best[0]}, "reached_target": best[0] <= fcfg.target_f1_drop}
