@@ -377,6 +377,11 @@ class FallbackConfig:
         "so the gated questions' own noise has room.", minimum=0.0,
     )
     max_layers: int = option(8, "Most layers a recipe falls back to fp32.", minimum=1)
+    sensitivity_windows: int = option(
+        32, "Tuning windows each layer's sensitivity is measured on (one quantization and one run of these per "
+        "layer: what bounds the fallback's cost on a full-size model); the fallback's steps score every tuning "
+        "question.", minimum=1,
+    )
 
 
 @dataclass

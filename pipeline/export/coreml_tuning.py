@@ -81,10 +81,16 @@ def compress_with_fallback(model_dir: Path, mask_input: bool, variant: str, cfg:
     if before <= fcfg.target_f1_drop:
         return compressed, {"before": {"f1_drop": before}, "fell_back": [], "tuned": "within the target"}
     layers = compressible_layers(load_wrapped(model_dir, mask_input), variant, ccfg)
+    # Sensitivity on the first sensitivity_windows windows: one compression and one proxy run per layer.
+    count = min(fcfg.sensitivity_windows, len(tuning.features))
+    windows = tuning.features.select(range(count))
+    reference = tuple(logits[:count] for logits in tuning.reference)
+    mask = tuning.mask[:count]
     sensitivity = {}
     for layer in layers:
-        _, logits = tuning_drop(compress(load_wrapped(model_dir, mask_input), variant, ccfg, only=layer), tuning, cfg)
-        sensitivity[layer] = round(distribution_divergence(tuning.reference, logits, tuning.mask), 6)
+        only = compress(load_wrapped(model_dir, mask_input), variant, ccfg, only=layer)
+        sensitivity[layer] = round(distribution_divergence(reference, proxy_logits(only, windows, cfg, half=False),
+                                                           mask), 6)
     sensitivity = dict(sorted(sensitivity.items(), key=lambda item: -item[1]))
     steps, best = [], (before, 0)
     for count, layer in enumerate(list(sensitivity)[:fcfg.max_layers], start=1):

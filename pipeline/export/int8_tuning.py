@@ -103,6 +103,19 @@ class GraphAnswers:
         self.predictions = {qid: (found[0]["text"] if found else "") for qid, found in candidates.items()}
 
 
+def first_windows(windows: onnx_qa.Windows, count: int) -> onnx_qa.Windows:
+    return onnx_qa.Windows(windows.example_ids[:count], windows.input_ids[:count], windows.attention_mask[:count],
+                           windows.token_type_ids[:count], windows.context_offsets[:count])
+
+
+def graph_logits(path: Path, windows: onnx_qa.Windows) -> tuple[np.ndarray, np.ndarray]:
+    """A graph's start and end logits on `windows` (onnxruntime with every core)."""
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return onnx_qa.window_logits(session, windows)
+
+
 def distribution_divergence(reference: tuple[np.ndarray, np.ndarray], other: tuple[np.ndarray, np.ndarray],
                             mask: np.ndarray) -> float:
     """Mean KL divergence of the start and end distributions (softmax over each window's real tokens) of `other`
@@ -138,17 +151,19 @@ def quantizable_layers(graph_path: Path, recipe: Int8Recipe) -> list[str]:
 
 
 def layer_sensitivity(source: Path, recipe: Int8Recipe, layers: list[str], reduce_range: bool,
-                      calibration: list | None, tuning: TuningQuestions, reference: GraphAnswers,
-                      cfg: PipelineConfig, scratch: Path, side_files: Path) -> dict[str, float]:
-    """Each layer's divergence from the fp32 graph with only that layer quantized, most sensitive first."""
-    mask = tuning.windows.attention_mask.astype(bool)
+                      calibration: list | None, tuning: TuningQuestions, cfg: PipelineConfig, scratch: Path,
+                      side_files: Path) -> dict[str, float]:
+    """Each layer's divergence from the fp32 graph with only that layer quantized, on the first
+    export.quantize.fallback.sensitivity_windows tuning windows; most sensitive first."""
+    windows = first_windows(tuning.windows, cfg.export.quantize.fallback.sensitivity_windows)
+    mask = windows.attention_mask.astype(bool)
+    reference = graph_logits(source, windows)
     copy_side_files(side_files, scratch)
     sensitivity = {}
     for layer in layers:
         quantize_int8(source, scratch / MODEL_FILE, recipe, reduce_range, calibration, only=[layer])
-        quantized = GraphAnswers(scratch / MODEL_FILE, tuning, cfg, threads=None)
-        sensitivity[layer] = round(distribution_divergence((reference.start, reference.end),
-                                                           (quantized.start, quantized.end), mask), 6)
+        sensitivity[layer] = round(distribution_divergence(reference, graph_logits(scratch / MODEL_FILE, windows),
+                                                           mask), 6)
     shutil.rmtree(scratch, ignore_errors=True)
     return dict(sorted(sensitivity.items(), key=lambda item: -item[1]))
 
@@ -172,8 +187,8 @@ def fall_back(source: Path, target: Path, recipe: Int8Recipe, reduce_range: bool
     (sensitivity, each step, the layers that fell back). `target` keeps the best step's graph."""
     fcfg = cfg.export.quantize.fallback
     layers = quantizable_layers(source, recipe)
-    sensitivity = layer_sensitivity(source, recipe, layers, reduce_range, calibration, tuning, reference, cfg,
-                                    scratch, side_files=target.parent)
+    sensitivity = layer_sensitivity(source, recipe, layers, reduce_range, calibration, tuning, cfg, scratch,
+                                    side_files=target.parent)
     steps, fell_back, best = [], [], (before["f1_drop"], 0)
     kept = target.parent / "fallback-step.onnx"
     shutil.copy(target, kept)  # step 0: no fallback
