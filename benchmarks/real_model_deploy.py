@@ -187,7 +187,8 @@ def record(work: Path, prepared: dict, ran: dict, out: Path) -> dict:
         "pytorch_f1": quantized["pytorch_f1"],
         "int8": {name: variant_row(variant) for name, variant in quantized["variants"].items()},
         "int8_shipped": quantized["bundle_choice"], "int8_decided_by": quantized["decided_by"],
-        "coreml": {name: variant_row(package["dev"]) for name, package in coreml["packages"].items()},
+        "coreml": {name: variant_row({**package["dev"], "fallback": package.get("fallback")})
+                   for name, package in coreml["packages"].items()},
         "bundle": None if bundle is None else {key: bundle[key] for key in ("onnx_variant", "f1", "pytorch_f1",
                                                                               "unproven", "rejected_by_gates")},
     }
