@@ -142,7 +142,7 @@ def mlm_distillation_loss(
 
     Shapes: logits ``[B, S, V]``, hidden ``[B, S, H]``, labels and attention_mask ``[B, S]``
     (labels are -100 except at masked positions). Selects the rows each term reads and computes the terms with
-    ``mlm_distillation_terms``, the function pretraining distillation calls on rows it selected itself.
+    ``mlm_distillation_terms``, the readable reference of the chunked loss pretraining distillation trains with.
     """
     masked = labels.ne(IGNORED_LABEL)
     tokens = attention_mask.bool()
