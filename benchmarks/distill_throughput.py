@@ -325,22 +325,27 @@ def profile_summary(events, wall_seconds: float, on_gpu: bool, top: int = 5) -> 
 
 
 def step_matmul_shapes(teacher: EncoderShape, student: EncoderShape, encoder_rows: int, head_rows: int,
-                       chunk_rows: int, vocab_multiple: int = 1) -> list[dict]:
+                       chunk_rows: int, vocab_multiple: int = 1, padded_chunks: bool = True) -> list[dict]:
     """Every matmul of one micro-batch as (m, n, k, layout, count): out[m, n] = a[m, k] @ b[k, n]. The teacher's
     forward; the student's forward and, for each forward matmul, its input gradient (m, k, n) and weight gradient
     (n, k, m). Layouts as the step lays its operands out: "nt" for a Linear's forward (b = Wᵀ, a transposed view),
     "nn" for its input gradient (g·W), "tn" for its weight gradient (a = gᵀ, a transposed view). Q, K and V are
     projected in one matmul (the packed encoders); the chunked loss projects the vocabulary, padded to a multiple
-    of vocab_multiple, in chunks of one shape (chunked_lm_loss.chunk_shape_rows). Attention's own products run
-    inside the attention kernels, not here."""
+    of vocab_multiple, in chunks of one shape where the chunk is compiled (padded_chunks: chunked_lm_loss.
+    chunk_shape_rows), else in whole chunks and a shorter tail. Attention's own products run inside the attention
+    kernels, not here."""
     counted: collections.Counter = collections.Counter()
-    chunk = chunk_shape_rows(head_rows, chunk_rows) if head_rows else 0
-    n_chunks = round_up(head_rows, chunk) // chunk if head_rows else 0
+    if padded_chunks:
+        chunk = chunk_shape_rows(head_rows, chunk_rows) if head_rows else 0
+        vocabulary_chunks = [(chunk, round_up(head_rows, chunk) // chunk if head_rows else 0)]
+    else:
+        chunk = min(chunk_rows, head_rows)
+        vocabulary_chunks = [(chunk, head_rows // chunk if chunk else 0), (head_rows % chunk if chunk else 0, 1)]
     for shape, with_backward in ((teacher, False), (student, True)):
         h, i, layers = shape.hidden, shape.intermediate, shape.layers
         forward = [((encoder_rows, 3 * h, h), layers), ((encoder_rows, h, h), layers),
-                   ((encoder_rows, i, h), layers), ((encoder_rows, h, i), layers), ((head_rows, h, h), 1),
-                   ((chunk, round_up(shape.vocab, vocab_multiple), h), n_chunks)]
+                   ((encoder_rows, i, h), layers), ((encoder_rows, h, i), layers), ((head_rows, h, h), 1)]
+        forward += [((rows, round_up(shape.vocab, vocab_multiple), h), count) for rows, count in vocabulary_chunks]
         for (m, n, k), count in forward:
             if not count or not m:
                 continue
@@ -954,7 +959,8 @@ def run_rounds(args: argparse.Namespace, work: Workload, gemm_dtype: torch.dtype
             rows = sorted(rounds[0][2]["counts"].batch_rows)
             gemm_rows = rows[len(rows) // 2]
             shapes = step_matmul_shapes(work.teacher_shape, work.student_shape, gemm_rows[0], gemm_rows[1],
-                                        work.layout.chunk_rows, work.layout.vocab_multiple)
+                                        work.layout.chunk_rows, work.layout.vocab_multiple,
+                                        padded_chunks=work.layout.resolved_compile(work.device))
         rounds.append(("gemm", repeat, gemm_round(shapes, gemm_dtype, work.device, args.gemm_min_seconds)))
     return rounds, shapes, gemm_rows
 
@@ -1050,8 +1056,7 @@ def main(argv: list[str] | None = None) -> dict:
         "chunked_loss_rows": dcfg.chunked_loss_rows,
         "loss_path": {"name": args.loss_path, "description": LOSS_PATHS[args.loss_path][2],
                       "vocab_multiple": work.layout.vocab_multiple,
-                      "chunk_compiled": (device.type == "cuda" if work.layout.compile_chunks is None
-                                         else work.layout.compile_chunks)},
+                      "chunk_compiled": work.layout.resolved_compile(device)},
         "restrict_ce_to_mask": dcfg.restrict_ce_to_mask,
         "seq_len": dcfg.max_seq_length,
         "max_tokens_per_batch": dcfg.train.max_tokens_per_batch,

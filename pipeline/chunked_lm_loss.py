@@ -19,12 +19,13 @@ scales the saved gradients by the incoming one, as Liger-Kernel's fused-linear c
 Shapes, for the GEMMs: the vocabulary is padded with zero rows of weight and bias up to a multiple of
 ``vocab_multiple`` (64: 30,522 -> 30,528), so the three vocabulary GEMMs (logits = x·Wᵀ, input gradient = g·W,
 weight gradient = gᵀ·x, whose operand gᵀ has the vocabulary as its leading dimension) get aligned operands: at
-30,522 columns cuBLAS/CUTLASS fall back to 2-element-aligned kernels. The extra columns are cut out of every
-softmax by a -inf added only inside a log-sum-exp or an exp (so their probabilities are exactly 0 and no -inf ever
-meets a 0 in the KL, which would give NaN), their gradient is 0, and the gradients returned are sliced back to the
-real vocabulary: the model itself never changes shape. The rows are padded too, with zero-weight rows, so every
-chunk of a batch has one shape (``chunk_rows``, or for a batch smaller than one chunk its rows rounded up to 64):
-torch.compile then compiles one graph, not one per tail.
+30,522 columns cuBLAS/CUTLASS fall back to 2-element-aligned kernels. Inside the loss the extra columns are cut off
+as a view before any softmax (so no probability, log-probability or -inf is formed for them: a -inf log-probability
+times a 0 probability in the KL would be NaN), their gradient is 0, and the gradients returned are sliced back to the
+real vocabulary: the model itself never changes shape. Where the chunk is compiled, the rows are padded too, with
+zero-weight rows, so every chunk of a batch has one shape (``chunk_rows``, or for a batch smaller than one chunk
+its rows rounded up to 64): torch.compile then compiles one graph, not one per tail. Eager, a short last chunk
+costs nothing and padding rows would.
 
 Fused chunk: ``chunk_terms_and_logit_gradient`` takes one chunk's student and teacher logits and returns the
 chunk's KL, CE and MSE sums, its logit gradient in the matmul dtype and its bias gradient: every elementwise pass
@@ -60,6 +61,7 @@ from torch import Tensor
 
 VOCAB_MULTIPLE = 64  # 128-byte rows in bf16: the alignment cuBLAS and CUTLASS's fast GEMM kernels want
 ROW_MULTIPLE = 64  # a batch smaller than one chunk is padded to this many rows, so few shapes get compiled
+PROFILER_RANGE = "chunked_lm_head_losses"
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,10 @@ class ChunkLayout:
     chunk_rows: int
     vocab_multiple: int = VOCAB_MULTIPLE
     compile_chunks: bool | None = None
+
+    def resolved_compile(self, device: torch.device) -> bool:
+        """Whether the chunk is compiled for inputs on this device."""
+        return device.type == "cuda" if self.compile_chunks is None else self.compile_chunks
 
     def __post_init__(self) -> None:
         if self.chunk_rows < 1:
@@ -143,15 +149,17 @@ def chunked_lm_head_losses(
     # Under no_grad (evaluation) the gradient matmuls would be thrown away: skip them.
     compute_grads = torch.is_grad_enabled() and any(
         tensor is not None and tensor.requires_grad for tensor in (student.inputs, student.weight, student.bias))
-    compiled = student.inputs.is_cuda if layout.compile_chunks is None else layout.compile_chunks
+    compiled = layout.resolved_compile(student.inputs.device)
     settings = _Settings(temperature=float(temperature), ce_weight=float(weights.ce), mlm_weight=float(weights.mlm),
                          mse_weight=float(weights.mse), chunk_rows=layout.chunk_rows,
                          vocab_multiple=layout.vocab_multiple, compiled=compiled, ignore_index=ignore_index,
                          compute_grads=compute_grads)
-    loss, ce, mlm, mse = ChunkedLmHeadLoss.apply(
-        student.inputs, student.weight, student.bias,
-        teacher.inputs.detach(), teacher.weight.detach(), _detached(teacher.bias), row_labels, settings,
-    )
+    # A named range, so a profile can tell the loss's share of a step (its gradient work included: it runs here).
+    with torch.profiler.record_function(PROFILER_RANGE):
+        loss, ce, mlm, mse = ChunkedLmHeadLoss.apply(
+            student.inputs, student.weight, student.bias,
+            teacher.inputs.detach(), teacher.weight.detach(), _detached(teacher.bias), row_labels, settings,
+        )
     terms = {"loss": loss, "ce": ce, "mlm": mlm}
     if weights.mse > 0:
         terms["mse"] = mse
@@ -162,7 +170,7 @@ def chunk_terms_and_logit_gradient(
     student_logits: Tensor,
     teacher_logits: Tensor,
     labels: Tensor,
-    row_weights: Tensor,
+    row_weights: Tensor | None,
     labelled: Tensor,
     mlm_scale: Tensor,
     *,
@@ -173,49 +181,52 @@ def chunk_terms_and_logit_gradient(
     with_gradient: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None]:
     """One chunk, fused: [C, V'] student and teacher logits (V' >= n_columns; the columns past n_columns are the
-    vocabulary's padding) -> the chunk's KL sum, CE sum, squared-error sum, and with_gradient its logit gradient
-    in the logits' dtype and its column sums (the bias gradient) in fp32.
+    vocabulary's padding) -> the chunk's KL sum, CE sum, squared-error sum, and with_gradient its [C, V'] logit
+    gradient in the logits' dtype (0 on the padding) and its [n_columns] column sums (the bias gradient) in fp32.
 
     labels [C]: each row's label (any valid id where it has none); row_weights [C]: 1 for a real row, 0 for a
-    padding row; labelled [C]: 1 for a row with a label, else 0; mlm_scale (0-d): the CE gradient's weight of a
-    labelled row. The gradient is that of ce_weight·T²·KL + mlm_scale·Σ_labelled CE + mse_weight·Σ(s − t)²,
-    summed over the chunk's rows (the caller divides by its row count)."""
+    padding row (None: every row is real); labelled [C]: 1 for a row with a label, else 0; mlm_scale (0-d): the CE
+    gradient's weight of a labelled row. The gradient is that of ce_weight·T²·KL + mlm_scale·Σ_labelled CE +
+    mse_weight·Σ(s − t)², summed over the chunk's rows (the caller divides by its row count)."""
     float_dtype = torch.promote_types(student_logits.dtype, torch.float32)
-    student = student_logits.to(float_dtype)
-    teacher = teacher_logits.to(float_dtype)
-    column_ids = torch.arange(student.shape[1], device=student.device)
-    # 0 on the real vocabulary, -inf on its padding: added only where the result goes through exp, so padding
-    # columns get probability exactly 0 and never a -inf log-probability (0·-inf in the KL would be NaN).
-    padding = None
-    if n_columns < student.shape[1]:
-        padding = torch.where(column_ids < n_columns, 0.0, float("-inf")).to(float_dtype)
+    # The padding columns are cut off as a view before any softmax: no probability, log-probability or -inf is ever
+    # formed for them (a -inf log-probability times a 0 probability in the KL would be NaN).
+    student = student_logits[:, :n_columns].to(float_dtype)
+    teacher = teacher_logits[:, :n_columns].to(float_dtype)
 
-    student_log_probs_t = _log_softmax(student / temperature, padding)
-    teacher_log_probs_t = _log_softmax(teacher / temperature, padding)
-    teacher_probs_t = _probabilities(teacher_log_probs_t, padding)
+    student_log_probs_t = F.log_softmax(student / temperature, dim=1)
+    teacher_log_probs_t = F.log_softmax(teacher / temperature, dim=1)
+    teacher_probs_t = teacher_log_probs_t.exp()
     kl_rows = (teacher_probs_t * (teacher_log_probs_t - student_log_probs_t)).sum(1)
-    ce_sum = (kl_rows * row_weights).sum()
-    student_log_probs = student_log_probs_t if temperature == 1 else _log_softmax(student, padding)
+    ce_sum = (kl_rows if row_weights is None else kl_rows * row_weights).sum()
+    student_log_probs = student_log_probs_t if temperature == 1 else F.log_softmax(student, dim=1)
     label_log_probs = student_log_probs.gather(1, labels.unsqueeze(1)).squeeze(1)
     mlm_sum = -(label_log_probs * labelled).sum()
     mse_sum = torch.zeros((), dtype=float_dtype, device=student.device)
     difference = None
     if mse_weight > 0:
-        difference = student - teacher if padding is None else torch.where(column_ids < n_columns,
-                                                                            student - teacher, 0.0)
-        mse_sum = (difference.pow(2).sum(1) * row_weights).sum()
+        difference = student - teacher
+        squared_rows = difference.pow(2).sum(1)
+        mse_sum = (squared_rows if row_weights is None else squared_rows * row_weights).sum()
     if not with_gradient:
         return ce_sum, mlm_sum, mse_sum, None, None
 
     # T²·KL(p_t ‖ p_s) with p = softmax(z/T): the chain rule's 1/T leaves one factor T.
-    gradient = (_probabilities(student_log_probs_t, padding) - teacher_probs_t) * (ce_weight * temperature)
-    onehot = column_ids.unsqueeze(0) == labels.unsqueeze(1)
-    gradient = gradient + (_probabilities(student_log_probs, padding) - onehot.to(float_dtype)) * (
-        labelled * mlm_scale).unsqueeze(1)
+    gradient = student_log_probs_t.exp().sub_(teacher_probs_t).mul_(ce_weight * temperature)
+    del teacher_probs_t
+    probs_minus_onehot = student_log_probs.exp().scatter_add_(1, labels.unsqueeze(1),
+                                                              -torch.ones_like(label_log_probs).unsqueeze(1))
+    gradient += probs_minus_onehot.mul_((labelled * mlm_scale).unsqueeze(1))
+    del probs_minus_onehot
     if difference is not None:
-        gradient = gradient + difference * (2 * mse_weight)
-    gradient = gradient * row_weights.unsqueeze(1)
-    return ce_sum, mlm_sum, mse_sum, gradient.to(student_logits.dtype), gradient.sum(0)
+        gradient += difference.mul_(2 * mse_weight)
+    if row_weights is not None:
+        gradient.mul_(row_weights.unsqueeze(1))
+    padding = student_logits.shape[1] - n_columns
+    matmul_gradient = gradient.to(student_logits.dtype)
+    if padding:
+        matmul_gradient = F.pad(matmul_gradient, (0, padding))  # the padding columns' gradient: 0
+    return ce_sum, mlm_sum, mse_sum, matmul_gradient, gradient.sum(0)
 
 
 @functools.cache
@@ -257,8 +268,11 @@ class ChunkedLmHeadLoss(torch.autograd.Function):
         float_dtype = torch.promote_types(student_inputs.dtype, torch.float32)
         matmul_dtype = _matmul_dtype(student_inputs)
         padded_vocab = round_up(vocab, settings.vocab_multiple)
-        rows_per_chunk = chunk_shape_rows(n_rows, settings.chunk_rows)
-        padded_rows = round_up(n_rows, rows_per_chunk) if n_rows else 0
+        if settings.compiled:  # every chunk one shape, for one compiled graph
+            rows_per_chunk = chunk_shape_rows(n_rows, settings.chunk_rows)
+            padded_rows = round_up(n_rows, rows_per_chunk) if n_rows else 0
+        else:  # eager: a short last chunk costs nothing, padding rows would
+            rows_per_chunk, padded_rows = max(min(settings.chunk_rows, n_rows), 1), n_rows
 
         # The weights cast and padded once per call, not once per chunk.
         student_w = _pad_rows(student_weight.to(matmul_dtype), padded_vocab)
@@ -272,7 +286,8 @@ class ChunkedLmHeadLoss(torch.autograd.Function):
         labelled = labels.ne(settings.ignore_index)
         n_labelled = labelled.sum().clamp(min=1).to(float_dtype)  # a device tensor: no host sync
         safe_labels = torch.where(labelled, labels, 0)  # any valid id; these rows are weighted out
-        row_weights = (torch.arange(padded_rows, device=device) < n_rows).to(float_dtype)
+        row_weights = ((torch.arange(padded_rows, device=device) < n_rows).to(float_dtype) if padded_rows > n_rows
+                       else None)
         # Every chunk's logit gradient is scaled by n_rows and divided by it after the matmuls, in fp32: gradients
         # of a per-row mean are ~1/N, small enough that fp16 autocast would flush them to zero.
         mlm_scale = settings.mlm_weight * n_rows / n_labelled
@@ -283,16 +298,16 @@ class ChunkedLmHeadLoss(torch.autograd.Function):
         if settings.compute_grads:
             grad_inputs = torch.empty_like(student_x)
             grad_weight_sum = torch.zeros((padded_vocab, student_weight.shape[1]), dtype=float_dtype, device=device)
-            grad_bias_sum = torch.zeros(padded_vocab, dtype=float_dtype, device=device)
+            grad_bias_sum = torch.zeros(vocab, dtype=float_dtype, device=device)
         fused_chunk = chunk_function(settings.compiled)
 
         for start in range(0, padded_rows, rows_per_chunk):
-            rows = slice(start, start + rows_per_chunk)
+            rows = slice(start, min(start + rows_per_chunk, padded_rows))
             chunk_x = student_x[rows].to(matmul_dtype)
             student_logits = F.linear(chunk_x, student_w, student_b)
             teacher_logits = F.linear(teacher_x[rows], teacher_w, teacher_b)
             chunk_ce, chunk_mlm, chunk_mse, logit_grad, bias_grad = fused_chunk(
-                student_logits, teacher_logits, safe_labels[rows], row_weights[rows], labelled[rows], mlm_scale,
+                student_logits, teacher_logits, safe_labels[rows], None if row_weights is None else row_weights[rows], labelled[rows], mlm_scale,
                 n_columns=vocab, temperature=settings.temperature, ce_weight=settings.ce_weight,
                 mse_weight=settings.mse_weight, with_gradient=settings.compute_grads)
             del student_logits, teacher_logits
@@ -314,7 +329,7 @@ class ChunkedLmHeadLoss(torch.autograd.Function):
         if settings.compute_grads:
             grad_weight = (grad_weight_sum[:vocab] / rows_or_one).to(student_weight.dtype)
             grad_bias = (None if student_bias is None
-                         else (grad_bias_sum[:vocab] / rows_or_one).to(student_bias.dtype))
+                         else (grad_bias_sum / rows_or_one).to(student_bias.dtype))
             ctx.save_for_backward(grad_inputs[:n_rows], grad_weight, grad_bias)
         ctx.mark_non_differentiable(ce, mlm, mse)
         return loss, ce, mlm, mse
@@ -325,16 +340,6 @@ class ChunkedLmHeadLoss(torch.autograd.Function):
         scaled = [None if grad is None else grad * grad_loss.to(grad.dtype)
                   for grad in (grad_inputs, grad_weight, grad_bias)]
         return (*scaled, *[None] * 5)
-
-
-def _log_softmax(logits: Tensor, padding: Tensor | None) -> Tensor:
-    """log_softmax over the real columns; a padding column gets a finite value, never read as a probability."""
-    masked = logits if padding is None else logits + padding
-    return logits - torch.logsumexp(masked, dim=1, keepdim=True)
-
-
-def _probabilities(log_probs: Tensor, padding: Tensor | None) -> Tensor:
-    return torch.exp(log_probs if padding is None else log_probs + padding)  # exactly 0 on the padding
 
 
 def _matmul_dtype(inputs: Tensor) -> torch.dtype:

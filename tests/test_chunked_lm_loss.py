@@ -227,12 +227,19 @@ def test_every_chunk_of_a_batch_has_one_shape():
         return chunk_terms_and_logit_gradient(student_logits, *args, **kwargs)
 
     original = chunked_lm_loss.chunk_function
-    chunked_lm_loss.chunk_function = lambda compiled: recording
+    chunked_lm_loss.chunk_function = lambda compiled: recording  # the shapes the compiled function would see
     try:
-        chunked_terms(batch_rows(), False, 2.0, ChunkLayout(16))["loss"].backward()  # 40 rows: 16 + 16 + 8
+        batch = batch_rows()
+        compiled = chunked_terms(batch, False, 2.0, ChunkLayout(16, compile_chunks=True))
+        compiled["loss"].backward()  # 40 rows: 16 + 16 + 8 real rows and 8 padding rows
+        assert seen == [(16, 320)] * 3
+        seen.clear()
+        eager = chunked_terms(batch, False, 2.0, ChunkLayout(16, compile_chunks=False))
+        assert seen == [(16, 320), (16, 320), (8, 320)]  # eager: a short last chunk, no padding rows to compute
     finally:
         chunked_lm_loss.chunk_function = original
-    assert seen == [(16, 320)] * 3
+    for name, value in eager.items():  # the zero-weight rows change nothing
+        torch.testing.assert_close(compiled[name], value, **FP32, msg=name)
 
 
 def test_the_compiled_chunk_gives_the_reference():

@@ -111,9 +111,9 @@ def test_model_flops_equal_torchs_count_when_nothing_is_padding(chunk_rows, rest
 
 def test_torchs_count_exceeds_model_flops_by_exactly_the_padding():
     # Sequences of 5, 9 and 20 tokens: 34 real tokens rounded up to 40 (a padding sequence of 6), attended on CPU in
-    # a grid of 4 sequences x the longest (20); the loss's 34 rows in chunks of 8 rows padded to 40, its vocabulary
-    # of 30,522 padded to 30,528. Model FLOPs count 34 tokens, 5^2 + 9^2 + 20^2 and 30,522 words; torch counts
-    # what ran.
+    # a grid of 4 sequences x the longest (20); the loss's 34 rows in chunks of 8 (eager: the last one short), its
+    # vocabulary of 30,522 padded to 30,528. Model FLOPs count 34 tokens, 5^2 + 9^2 + 20^2 and 30,522 words; torch
+    # counts what ran.
     teacher, student = tiny_teacher_and_student()
     batch = masked_batch([5, 9, 20], packed_multiple=8)
     teacher_shape, student_shape = bench.EncoderShape.of(teacher.config), bench.EncoderShape.of(student.config)
@@ -125,7 +125,7 @@ def test_torchs_count_exceeds_model_flops_by_exactly_the_padding():
     def executed_forward(shape):
         hidden = shape.hidden
         encoder = sum(bench.encoder_forward_flops(shape, 40, grid).values())
-        return encoder + 2 * 34 * hidden * hidden + 2 * 40 * hidden * 30528  # head transform; padded projection
+        return encoder + 2 * 34 * hidden * hidden + 2 * 34 * hidden * 30528  # head transform; padded projection
 
     expected = executed_forward(teacher_shape) + 3 * executed_forward(student_shape)
     counted = counted_by_torch(teacher, student, batch, DistillPretrainConfig(), ChunkLayout(8))
@@ -138,16 +138,22 @@ def test_the_step_matmul_shapes_hold_the_model_flops_apart_from_attention():
     teacher = bench.EncoderShape(layers=2, hidden=8, intermediate=16, heads=2, vocab=50)
     student = bench.EncoderShape(layers=1, hidden=8, intermediate=16, heads=2, vocab=50)
     flops = bench.model_flops(teacher, student, [6, 4], head_rows=10)
-    for chunk_rows in (1, 5, 10):  # chunks that divide the rows, on the unpadded vocabulary: no padding
-        shapes = bench.step_matmul_shapes(teacher, student, encoder_rows=10, head_rows=10, chunk_rows=chunk_rows)
+    for chunk_rows, padded in ((1, True), (5, True), (10, True), (4, False), (64, False)):
+        # Chunks that divide the rows, or eager chunks with a short tail, on the unpadded vocabulary: no padding.
+        shapes = bench.step_matmul_shapes(teacher, student, encoder_rows=10, head_rows=10, chunk_rows=chunk_rows,
+                                          padded_chunks=padded)
         matmul_flops = sum(2 * s["m"] * s["n"] * s["k"] * s["count"] for s in shapes)
         assert matmul_flops == flops["total"] - flops["attention"], chunk_rows
-    # 10 rows in chunks of 4: three chunks of one shape (the last padded), the vocabulary padded to 64 words.
+    # 10 rows in chunks of 4, compiled: three chunks of one shape (the last padded), the vocabulary padded to 64.
     chunked = bench.step_matmul_shapes(teacher, student, 10, 10, chunk_rows=4, vocab_multiple=64)
     assert {"m": 4, "n": 64, "k": 8, "layout": "nt", "count": 2 * 3} in chunked  # teacher's and student's logits
     assert {"m": 4, "n": 8, "k": 64, "layout": "nn", "count": 3} in chunked  # the student's input gradient
     assert {"m": 64, "n": 8, "k": 4, "layout": "tn", "count": 3} in chunked  # its weight gradient, gᵀ a view
     assert not any(s["n"] == 50 or s["m"] == 50 or s["k"] == 50 for s in chunked)
+    # Eager: two chunks of 4 and a tail of 2, no padding rows.
+    eager = bench.step_matmul_shapes(teacher, student, 10, 10, chunk_rows=4, vocab_multiple=64, padded_chunks=False)
+    assert {"m": 4, "n": 64, "k": 8, "layout": "nt", "count": 2 * 2} in eager
+    assert {"m": 2, "n": 64, "k": 8, "layout": "nt", "count": 2} in eager
 
 
 @pytest.mark.parametrize("layout", ["nn", "nt", "tn"])
