@@ -86,9 +86,9 @@ class LmHeadLossWeights:
 class ChunkLayout:
     """How the rows and the vocabulary are cut and padded; none of it changes the result beyond float rounding.
 
-    compile_chunks: torch.compile the fused chunk function; None compiles it on CUDA only. On 2 CPU cores the
-    compiled chunk was slower than eager at the default config's shapes once its compile time is counted
-    (docs/scale.md), and each new chunk shape compiles again."""
+    compile_chunks: torch.compile the fused chunk function; None compiles it on CUDA only. On 2 CPU cores, at the
+    default config's shapes, the compiled chunk saves about what its compilations cost (each new chunk shape
+    compiles again; docs/scale.md), and it would need a C++ compiler wherever the pipeline runs."""
 
     chunk_rows: int
     vocab_multiple: int = VOCAB_MULTIPLE
