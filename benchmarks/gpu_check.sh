@@ -8,8 +8,12 @@
 # Steps, each under its own time limit so one that hangs cannot eat the others' minutes; a step that fails or
 # runs out of time is recorded and the next one still runs:
 #   0. wheels: the device image's torch comes with transformers 5.x; this project pins transformers 4.57.6, with
-#      huggingface-hub < 1.0 and tokenizers <= 0.23.0. Carried as wheels in $WHEELS (benchmarks/wheels by default)
-#      and installed from there, offline, when the installed transformers is not 4.57.6.
+#      huggingface-hub < 1.0 and tokenizers <= 0.23.0. Carried as wheels in $WHEELS (benchmarks/wheels by default,
+#      ignored by git: fetch them before the device call with
+#        python -m pip download --no-deps -d benchmarks/wheels transformers==4.57.6 'huggingface-hub<1.0' \
+#          'tokenizers<=0.23.0'
+#      about 16 MB, and carry the folder) and installed from there, offline and without their dependencies (the
+#      image's transformers 5.x brought those), when the installed transformers is not 4.57.6.
 #   1. versions.json: Python, torch, CUDA, transformers, the GPU and its driver.
 #   2. gemm (loss_paths.py --parts gemm): the three vocabulary GEMMs at 30,522, 30,528 and 30,592 words.
 #   3. cuda_equivalence.py: the stage's path against the reference in fp32 and bf16 on both micro-batches, attention
@@ -66,8 +70,8 @@ run_step() {
 
 if [ "$DRY_RUN" = 0 ] && [ -d "$WHEELS" ]; then
     run_step wheels 60 bash -c "$PYTHON -c 'import transformers, sys; sys.exit(transformers.__version__ != \"4.57.6\")' \
-        || $PYTHON -m pip install --no-index --find-links '$WHEELS' 'transformers==4.57.6' 'huggingface-hub<1.0' \
-           'tokenizers<=0.23.0'"
+        || $PYTHON -m pip install --no-index --no-deps --find-links '$WHEELS' 'transformers==4.57.6' \
+           'huggingface-hub<1.0' 'tokenizers<=0.23.0'"
 fi
 
 run_step versions 30 "$PYTHON" - "$OUT/versions.json" <<'EOF'
