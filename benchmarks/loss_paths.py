@@ -73,6 +73,7 @@ from distill_throughput import (  # noqa: E402
 
 from pipeline.artifacts import atomic_write_json  # noqa: E402
 from pipeline.chunked_lm_loss import PROFILER_RANGE  # noqa: E402
+from pipeline.corpus import token_budget_batches  # noqa: E402
 from pipeline.machine import cpu_description  # noqa: E402
 from pipeline.training.batching import micro_batch_loader, to_device  # noqa: E402
 from pipeline.training.loop import build_optimizer, train  # noqa: E402
@@ -247,7 +248,9 @@ def convergence_run(args, work, initial_state: dict, seed: int, scratch: Path) -
             module=work.student, compute_loss=run_work.loss, examples=work.sequences, collate=work.collate, cfg=cfg,
             seed=seed, device=work.device, checkpoint_dir=scratch / "checkpoints", log_path=scratch / "log.jsonl",
             fingerprint=f"loss_paths-{seed}", description="distill_pretrain (convergence)",
-            batch_plan=run_work.batch_plan, example_tokens=work.sequences.sequence_lengths(), static_graph=True,
+            batch_plan=lambda epoch: token_budget_batches(work.sequences.sequence_lengths(),
+                                                          args.convergence_max_tokens, seed, epoch),
+            example_tokens=work.sequences.sequence_lengths(), static_graph=True,
         )
     synchronize(work.device)
     log = [json.loads(line) for line in (scratch / "log.jsonl").read_text().splitlines() if line.strip()]
