@@ -2,12 +2,12 @@
 
 The CPU tests prove the packed encoders and the chunked loss equal to the Hugging Face modules and the whole-grid
 loss, but on the CPU the packed attention runs its grid path: the jagged-tensor SDPA (flash attention's
-variable-length kernel in bf16) only runs on a GPU. This script runs `distillation_terms`, the function the stage
-calls, on one micro-batch at the paper's model and sequence shapes (a bert-base teacher, the 6-layer student
+variable-length kernel in bf16), the compiled fused chunk of the loss and the GEMMs on the padded vocabulary only
+run on a GPU. This script runs `distillation_terms`, the function the stage calls, on one micro-batch at the paper's model and sequence shapes (a bert-base teacher, the 6-layer student
 initialised from it and moved off it by a little noise, sequences of up to 512 tokens from a random corpus, masked
 as the stage masks; a 16,384-token budget by default, as the padded path's whole-vocabulary loss holds [tokens x
-30,522] fp32 grids), once packed with the chunked loss (the paper's path) and once padded with the
-whole-vocabulary loss (the Hugging Face modules), and records:
+30,522] fp32 grids), once packed with the chunked loss (the stage's path) and once padded with the
+whole-vocabulary loss (the Hugging Face modules: pipeline/distillation_reference.py), and records:
 
 - `fp32`: the two paths' loss terms and every student gradient in fp32 (dropout off, TF32 off), on each of the
   two micro-batches (the plan's first, and half of its second: sequences of other lengths). They compute the same
@@ -76,6 +76,7 @@ from pipeline.corpus import TokenizedCorpus, token_budget_batches  # noqa: E402
 from pipeline.machine import cpu_description  # noqa: E402
 from pipeline.mlm import MaskedBatchCollator, pack_masked_batch  # noqa: E402
 from pipeline.packed_encoder import PackedDistilBertEncoder, encoder_inputs  # noqa: E402
+from pipeline.distillation_reference import reference_distillation_terms  # noqa: E402
 from pipeline.stages.distill_pretrain import distillation_terms, encoders  # noqa: E402
 from pipeline.students import freeze  # noqa: E402
 from pipeline.training.batching import to_device  # noqa: E402
@@ -131,10 +132,12 @@ def build_models(args, dcfg, device):
 
 
 def terms_and_gradients(student, teacher, batch, dcfg, device, bf16: bool) -> tuple[dict, dict]:
+    """The stage's loss on a packed batch, the reference's on a padded one; the terms and every student gradient."""
     student.zero_grad(set_to_none=True)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+    loss = distillation_terms if "cu_seqlens" in batch else reference_distillation_terms
     with autocast:
-        terms = distillation_terms(student, teacher, to_device(batch, device), dcfg)
+        terms = loss(student, teacher, to_device(batch, device), dcfg)
     terms["loss"].backward()
     values = {name: float(value.detach().float()) for name, value in terms.items()}
     gradients = {name: p.grad.detach().float().clone() for name, p in student.named_parameters() if p.grad is not None}
@@ -161,13 +164,12 @@ def compare(values, gradients, reference_values, reference_gradients) -> dict:
     }
 
 
-def check_fp32(student, teacher, batches, dcfg, padded_cfg, device) -> dict:
+def check_fp32(student, teacher, batches, dcfg, device) -> dict:
     student.eval()  # dropout off: both paths compute the same function
     tolerance = TOLERANCES["fp32"]
     results = []
     for batch in batches:
-        reference_values, reference_gradients = terms_and_gradients(student, teacher, batch, padded_cfg, device,
-                                                                     False)
+        reference_values, reference_gradients = terms_and_gradients(student, teacher, batch, dcfg, device, False)
         values, gradients = terms_and_gradients(student, teacher, packed(batch, dcfg), dcfg, device, False)
         result = compare(values, gradients, reference_values, reference_gradients)
         result["reference_terms"] = reference_values
@@ -179,7 +181,7 @@ def check_fp32(student, teacher, batches, dcfg, padded_cfg, device) -> dict:
     return {"micro_batches": results, "tolerance": tolerance, "passed": all(r["passed"] for r in results)}
 
 
-def check_bf16(student, teacher, batches, dcfg, padded_cfg, device) -> dict:
+def check_bf16(student, teacher, batches, dcfg, device) -> dict:
     student.eval()
     # As the stage: the frozen teacher in bf16 where it trains in bf16 (a copy: the fp32 one stays exact).
     teacher_bf16 = copy.deepcopy(teacher).to(torch.bfloat16)
@@ -187,9 +189,8 @@ def check_bf16(student, teacher, batches, dcfg, padded_cfg, device) -> dict:
     factor = tolerance["packed_error_at_most_times_padded"]
     results = []
     for batch in batches:
-        reference_values, reference_gradients = terms_and_gradients(student, teacher, batch, padded_cfg, device,
-                                                                     False)
-        padded_result = compare(*terms_and_gradients(student, teacher_bf16, batch, padded_cfg, device, True),
+        reference_values, reference_gradients = terms_and_gradients(student, teacher, batch, dcfg, device, False)
+        padded_result = compare(*terms_and_gradients(student, teacher_bf16, batch, dcfg, device, True),
                                 reference_values, reference_gradients)
         packed_result = compare(*terms_and_gradients(student, teacher_bf16, packed(batch, dcfg), dcfg, device, True),
                                 reference_values, reference_gradients)
@@ -274,7 +275,7 @@ def check_host_syncs(student, teacher, batch, dcfg, device) -> dict:
 
 def check_compile(student, teacher, batches, dcfg, device) -> dict:
     student.eval()
-    student_encoder, teacher_encoder = encoders(student, teacher, packed=True)
+    student_encoder, teacher_encoder = encoders(student, teacher)
     result = {"tolerance": TOLERANCES["compile"], "batches": []}
     compiled = {"student": torch.compile(student_encoder), "teacher": torch.compile(teacher_encoder)}
     eager = {"student": student_encoder, "teacher": teacher_encoder}
@@ -338,11 +339,9 @@ def main(argv=None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False  # PyTorch's default, stated: fp32 means fp32 here
     overrides = yaml.safe_load(args.config.read_text()) or {}
     dcfg = load_config(PROJECT_ROOT / "configs" / "default.yaml", overrides).distill_pretrain
-    dcfg = replace(dcfg, packed_attention=True,
-                   max_seq_length=args.seq_len or dcfg.max_seq_length,
-                   chunked_loss_rows=args.chunked_loss_rows or dcfg.chunked_loss_rows or 2048,
+    dcfg = replace(dcfg, max_seq_length=args.seq_len or dcfg.max_seq_length,
+                   chunked_loss_rows=args.chunked_loss_rows or dcfg.chunked_loss_rows,
                    packed_tokens_multiple_of=args.packed_multiple or dcfg.packed_tokens_multiple_of)
-    padded_cfg = replace(dcfg, packed_attention=False, chunked_loss_rows=None)
     student, teacher = build_models(args, dcfg, device)
     batches = micro_batches(args, dcfg)
     batch = batches[0]
@@ -372,8 +371,8 @@ def main(argv=None) -> int:
         "checks": results,
     }
     checks = {
-        "fp32": lambda: check_fp32(student, teacher, batches, dcfg, padded_cfg, device),
-        "bf16": lambda: check_bf16(student, teacher, batches, dcfg, padded_cfg, device),
+        "fp32": lambda: check_fp32(student, teacher, batches, dcfg, device),
+        "bf16": lambda: check_bf16(student, teacher, batches, dcfg, device),
         "attention_dropout": lambda: check_attention_dropout(student, batch, dcfg, device),
         "host_syncs": lambda: check_host_syncs(student, teacher, batch, dcfg, device),
         "compile": lambda: check_compile(student, teacher, batches, dcfg, device),

@@ -4,7 +4,7 @@
 A bert-base-sized teacher (random weights: 12 layers, 768 wide, 30,522 tokens) distills into a 6-layer DistilBERT
 student initialised from teacher layers 0, 2, 4, 7, 9, 11, with distill_pretrain's own loss (`distillation_terms`)
 at the shape of `configs/paper.yaml`'s distill_pretrain (sequence length, micro-batch token budget, chunked loss
-rows, packed attention and its token multiple; each can be scaled down by a flag), fed exactly as the stage feeds it:
+rows, the packed layout's token multiple; each can be scaled down by a flag), fed exactly as the stage feeds it:
 sequences read from a memory-mapped tokenized corpus (a tokenize_corpus folder, or one written here of random ids in
 the same layout), token-budget batches, masking (with the token-frequency smoothing) in the DataLoader's workers,
 pinned memory.
@@ -36,7 +36,8 @@ What the JSON holds:
   are counted from each micro-batch's real tokens and sequence lengths (`flop_formula` in the JSON writes the
   formula out); on CPU there is no peak on record, so MFU is null with the reason, and the fraction of the measured
   GEMM ceiling stands in;
-- the GEMM ceiling: the step's exact matmul shapes (from the model configs and the median micro-batch's rows),
+- the GEMM ceiling: the step's exact matmul shapes and operand layouts (from the model configs and the median
+  micro-batch's rows; a Linear's forward x·Wᵀ, input gradient g·W and weight gradient gᵀ·x, gᵀ a transposed view),
   each timed alone, as FLOP/s over the step's mix, beside the peak;
 - GPU clocks, power, temperature and utilisation sampled during each timed span (pynvml when installed, else
   nvidia-smi; null with the reason on CPU);
@@ -77,6 +78,7 @@ import yaml
 from transformers import BertConfig, BertForMaskedLM
 
 from pipeline.artifacts import atomic_write_json
+from pipeline.chunked_lm_loss import ChunkLayout, chunk_shape_rows, round_up
 from pipeline.machine import cpu_description
 from pipeline.config import DistillPretrainConfig, TrainConfig, load_config
 from pipeline.corpus import TokenizedCorpus, token_budget_batches
@@ -323,37 +325,54 @@ def profile_summary(events, wall_seconds: float, on_gpu: bool, top: int = 5) -> 
 
 
 def step_matmul_shapes(teacher: EncoderShape, student: EncoderShape, encoder_rows: int, head_rows: int,
-                       chunk_rows: int | None, fused_qkv: bool) -> list[dict]:
-    """Every matmul of one micro-batch as (m, n, k, count): out[m, n] = a[m, k] @ b[k, n]. The teacher's forward;
-    the student's forward and, for each forward matmul, its input gradient (m, k, n) and weight gradient (n, k, m).
-    The packed path projects Q, K and V in one matmul, the padded path in three; the chunked loss projects the
-    vocabulary `chunk_rows` rows at a time. Attention's own products run inside the attention kernels, not here."""
+                       chunk_rows: int, vocab_multiple: int = 1, padded_chunks: bool = True) -> list[dict]:
+    """Every matmul of one micro-batch as (m, n, k, layout, count): out[m, n] = a[m, k] @ b[k, n]. The teacher's
+    forward; the student's forward and, for each forward matmul, its input gradient (m, k, n) and weight gradient
+    (n, k, m). Layouts as the step lays its operands out: "nt" for a Linear's forward (b = Wᵀ, a transposed view),
+    "nn" for its input gradient (g·W), "tn" for its weight gradient (a = gᵀ, a transposed view). Q, K and V are
+    projected in one matmul (the packed encoders); the chunked loss projects the vocabulary, padded to a multiple
+    of vocab_multiple, in chunks of one shape where the chunk is compiled (padded_chunks: chunked_lm_loss.
+    chunk_shape_rows), else in whole chunks and a shorter tail. Attention's own products run inside the attention
+    kernels, not here."""
     counted: collections.Counter = collections.Counter()
+    if padded_chunks:
+        chunk = chunk_shape_rows(head_rows, chunk_rows) if head_rows else 0
+        vocabulary_chunks = [(chunk, round_up(head_rows, chunk) // chunk if head_rows else 0)]
+    else:
+        chunk = min(chunk_rows, head_rows)
+        vocabulary_chunks = [(chunk, head_rows // chunk if chunk else 0), (head_rows % chunk if chunk else 0, 1)]
     for shape, with_backward in ((teacher, False), (student, True)):
         h, i, layers = shape.hidden, shape.intermediate, shape.layers
-        forward = [((encoder_rows, 3 * h, h), layers)] if fused_qkv else [((encoder_rows, h, h), 3 * layers)]
-        forward += [((encoder_rows, h, h), layers), ((encoder_rows, i, h), layers), ((encoder_rows, h, i), layers),
-                    ((head_rows, h, h), 1)]
-        chunk = min(chunk_rows or head_rows, head_rows)
-        if chunk:
-            forward.append(((chunk, shape.vocab, h), head_rows // chunk))
-            if head_rows % chunk:
-                forward.append(((head_rows % chunk, shape.vocab, h), 1))
+        forward = [((encoder_rows, 3 * h, h), layers), ((encoder_rows, h, h), layers),
+                   ((encoder_rows, i, h), layers), ((encoder_rows, h, i), layers), ((head_rows, h, h), 1)]
+        forward += [((rows, round_up(shape.vocab, vocab_multiple), h), count) for rows, count in vocabulary_chunks]
         for (m, n, k), count in forward:
             if not count or not m:
                 continue
-            counted[(m, n, k)] += count
+            counted[(m, n, k, "nt")] += count
             if with_backward:
-                counted[(m, k, n)] += count  # d input = d out [m, n] @ weight [n, k]
-                counted[(n, k, m)] += count  # d weight = d out^T [n, m] @ input [m, k]
-    return [{"m": m, "n": n, "k": k, "count": count} for (m, n, k), count in sorted(counted.items())]
+                counted[(m, k, n, "nn")] += count  # d input = d out [m, n] @ weight [n, k]
+                counted[(n, k, m, "tn")] += count  # d weight = d out^T [n, m] @ input [m, k]
+    return [{"m": m, "n": n, "k": k, "layout": layout, "count": count}
+            for (m, n, k, layout), count in sorted(counted.items())]
 
 
-def time_matmul(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device, min_seconds: float) -> float:
-    """Seconds per torch.mm of [m, k] @ [k, n]: one warm-up call, one to size the run, then enough calls to fill
-    `min_seconds` (at least 3), timed with CUDA events on a GPU and the wall clock on CPU."""
-    a = torch.randn(m, k, dtype=dtype, device=device)
-    b = torch.randn(k, n, dtype=dtype, device=device)
+def matmul_operands(m: int, n: int, k: int, layout: str, dtype: torch.dtype, device: torch.device):
+    """a [m, k] and b [k, n] laid out as the step lays them: "n" a row-major matrix, "t" the transposed view of
+    one (its leading dimension the other side's)."""
+    a = torch.randn(k, m, dtype=dtype, device=device).t() if layout[0] == "t" else torch.randn(m, k, dtype=dtype,
+                                                                                              device=device)
+    b = torch.randn(n, k, dtype=dtype, device=device).t() if layout[1] == "t" else torch.randn(k, n, dtype=dtype,
+                                                                                              device=device)
+    return a, b
+
+
+def time_matmul(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device, min_seconds: float,
+                layout: str = "nn") -> float:
+    """Seconds per torch.mm of [m, k] @ [k, n] in the given operand layout: one warm-up call, one to size the run,
+    then enough calls to fill `min_seconds` (at least 3), timed with CUDA events on a GPU and the wall clock on
+    CPU."""
+    a, b = matmul_operands(m, n, k, layout, dtype, device)
     out = torch.empty(m, n, dtype=dtype, device=device)
     torch.mm(a, b, out=out)
     synchronize(device)
@@ -375,9 +394,29 @@ def time_matmul(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device
     return (time.perf_counter() - started) / calls
 
 
+VOCABULARY_GEMMS = {  # the loss's three vocabulary GEMMs per chunk, as (m, n, k, layout) of rows, hidden, vocab
+    "logits": lambda rows, hidden, vocab: (rows, vocab, hidden, "nt"),  # x · Wᵀ
+    "input_gradient": lambda rows, hidden, vocab: (rows, hidden, vocab, "nn"),  # g · W
+    "weight_gradient": lambda rows, hidden, vocab: (vocab, hidden, rows, "tn"),  # gᵀ · x, gᵀ a view of [rows, V]
+}
+
+
+def vocabulary_gemms(rows: int, hidden: int, vocabularies: list[int], dtype: torch.dtype, device: torch.device,
+                     min_seconds: float) -> list[dict]:
+    """TFLOP/s of each vocabulary GEMM of a chunk, at each vocabulary size, in the operand layouts the loss uses."""
+    results = []
+    for vocab in vocabularies:
+        for name, shape in VOCABULARY_GEMMS.items():
+            m, n, k, layout = shape(rows, hidden, vocab)
+            seconds = time_matmul(m, n, k, dtype, device, min_seconds, layout)
+            results.append({"vocab": vocab, "gemm": name, "m": m, "n": n, "k": k, "layout": layout,
+                            "seconds": round(seconds, 9), "tflops": round(2 * m * n * k / seconds / 1e12, 4)})
+    return results
+
+
 def gemm_round(shapes: list[dict], dtype: torch.dtype, device: torch.device, min_seconds: float) -> dict:
     """Each shape timed alone; the ceiling is the step's matmul FLOPs over the time those shapes take alone."""
-    per_shape = [time_matmul(s["m"], s["n"], s["k"], dtype, device, min_seconds) for s in shapes]
+    per_shape = [time_matmul(s["m"], s["n"], s["k"], dtype, device, min_seconds, s["layout"]) for s in shapes]
     flops = sum(2 * s["m"] * s["n"] * s["k"] * s["count"] for s in shapes)
     seconds = sum(t * s["count"] for t, s in zip(per_shape, shapes))
     return {
@@ -588,6 +627,7 @@ class Workload:
     teacher_shape: EncoderShape
     student_shape: EncoderShape
     workers: int
+    layout: ChunkLayout  # the loss's chunking and vocabulary padding (LOSS_PATHS)
 
     def batch_plan(self, epoch: int):
         """distill_pretrain's plan (one process): token-budget batches of the run's seed."""
@@ -597,7 +637,7 @@ class Workload:
     def loss(self, batch: dict) -> dict:
         """distill_pretrain's compute_loss."""
         return distillation_terms(self.student, self.teacher, batch, self.dcfg, self.student_forward,
-                                  self.teacher_forward)
+                                  self.teacher_forward, self.layout)
 
     def counts(self) -> SpanCounts:
         return SpanCounts(self.teacher_shape, self.student_shape)
@@ -801,10 +841,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="micro-batches per optimizer step of the stage's loop (paper.yaml: 16)")
     parser.add_argument("--seq-len", type=int, default=None, help="default: the config's max_seq_length")
     parser.add_argument("--max-tokens", type=int, default=None, help="default: the config's max_tokens_per_batch")
-    parser.add_argument("--chunked-loss-rows", type=int, default=None,
-                        help="default: the config's chunked_loss_rows; 0 projects every row at once")
-    parser.add_argument("--packed", action=argparse.BooleanOptionalAction, default=None,
-                        help="packed attention (default: the config's packed_attention)")
+    parser.add_argument("--chunked-loss-rows", type=int, default=None, help="default: the config's chunked_loss_rows")
+    parser.add_argument("--loss-path", choices=sorted(LOSS_PATHS), default="fused",
+                        help="; ".join(f"{name}: {description}" for name, (_, _, description) in LOSS_PATHS.items()))
     parser.add_argument("--packed-multiple", type=int, default=None,
                         help="default: the config's packed_tokens_multiple_of")
     add_model_shape_arguments(parser)
@@ -820,8 +859,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--telemetry-interval", type=float, default=0.5, help="seconds between GPU reads")
     parser.add_argument("--out", type=Path, default=Path("artifacts/benchmarks/distill_throughput.json"))
     args = parser.parse_args(argv)
-    for name in ("steps", "warmup", "repeats", "profile_steps", "grad_accum_steps"):
-        if getattr(args, name) < (0 if name == "warmup" else 1):
+    for name in ("steps", "warmup", "repeats", "profile_steps", "grad_accum_steps", "chunked_loss_rows"):
+        if getattr(args, name) is not None and getattr(args, name) < (0 if name == "warmup" else 1):
             parser.error(f"--{name.replace('_', '-')} must be at least {0 if name == 'warmup' else 1}")
     return args
 
@@ -862,10 +901,22 @@ def measured_config(args: argparse.Namespace, device: torch.device) -> DistillPr
     return replace(
         dcfg, train=train_cfg,
         max_seq_length=args.seq_len or dcfg.max_seq_length,
-        chunked_loss_rows=dcfg.chunked_loss_rows if args.chunked_loss_rows is None else (args.chunked_loss_rows or None),
-        packed_attention=dcfg.packed_attention if args.packed is None else args.packed,
+        chunked_loss_rows=args.chunked_loss_rows or dcfg.chunked_loss_rows,
         packed_tokens_multiple_of=args.packed_multiple or dcfg.packed_tokens_multiple_of,
     )
+
+
+# The loss as the stage runs it, and as it ran before its vocabulary was padded and its chunk fused and compiled
+# (the same chunking and math, eager, on 30,522 columns): (vocab_multiple, compile_chunks, description).
+LOSS_PATHS = {
+    "fused": (64, None, "the stage's loss: vocabulary padded to a multiple of 64, the fused chunk compiled on CUDA"),
+    "unpadded_eager": (1, False, "the same chunks on the unpadded vocabulary, the chunk function eager"),
+}
+
+
+def loss_layout(path: str, chunk_rows: int) -> ChunkLayout:
+    vocab_multiple, compile_chunks, _ = LOSS_PATHS[path]
+    return ChunkLayout(chunk_rows, vocab_multiple, compile_chunks)
 
 
 def build_workload(args: argparse.Namespace, dcfg: DistillPretrainConfig, device: torch.device,
@@ -876,14 +927,13 @@ def build_workload(args: argparse.Namespace, dcfg: DistillPretrainConfig, device
     bf16 = device.type == "cuda" and args.precision == "bf16"
     if bf16:
         teacher = teacher.to(torch.bfloat16)  # as the stage: a frozen bf16 teacher where the loop trains in bf16
-    student_encoder, teacher_encoder = encoders(student, teacher, dcfg.packed_attention)
+    student_encoder, teacher_encoder = encoders(student, teacher)
     corpus = TokenizedCorpus(corpus_dir)
     tokens = BertTokenIds()
     selection_weights = (selection_weights_from_counts(corpus.token_counts(), special_token_ids(tokens),
                                                        dcfg.smoothing_exponent)
                          if dcfg.token_frequency_smoothing else None)
-    collator = MaskedBatchCollator(tokens, dcfg.mlm_mask_prop, selection_weights,
-                                   dcfg.packed_tokens_multiple_of if dcfg.packed_attention else None)
+    collator = MaskedBatchCollator(tokens, dcfg.mlm_mask_prop, selection_weights, dcfg.packed_tokens_multiple_of)
     return Workload(
         student=student, teacher=teacher, dcfg=dcfg, device=device, precision=args.precision, bf16=bf16,
         student_forward=maybe_compile(student_encoder, dcfg.train, device),
@@ -891,7 +941,7 @@ def build_workload(args: argparse.Namespace, dcfg: DistillPretrainConfig, device
         sequences=corpus.sequences("train", dcfg.max_seq_length),
         collate=CountingCollate(collator, dcfg.restrict_ce_to_mask),
         teacher_shape=EncoderShape.of(teacher.config), student_shape=EncoderShape.of(student.config),
-        workers=dcfg.train.dataloader_workers,
+        workers=dcfg.train.dataloader_workers, layout=loss_layout(args.loss_path, dcfg.chunked_loss_rows),
     )
 
 
@@ -909,7 +959,8 @@ def run_rounds(args: argparse.Namespace, work: Workload, gemm_dtype: torch.dtype
             rows = sorted(rounds[0][2]["counts"].batch_rows)
             gemm_rows = rows[len(rows) // 2]
             shapes = step_matmul_shapes(work.teacher_shape, work.student_shape, gemm_rows[0], gemm_rows[1],
-                                        work.dcfg.chunked_loss_rows, fused_qkv=work.dcfg.packed_attention)
+                                        work.layout.chunk_rows, work.layout.vocab_multiple,
+                                        padded_chunks=work.layout.resolved_compile(work.device))
         rounds.append(("gemm", repeat, gemm_round(shapes, gemm_dtype, work.device, args.gemm_min_seconds)))
     return rounds, shapes, gemm_rows
 
@@ -1001,9 +1052,11 @@ def main(argv: list[str] | None = None) -> dict:
         "torch_compile": args.compile and device.type == "cuda",
         "config": str(args.config.resolve().relative_to(PROJECT_ROOT)) if args.config.resolve().is_relative_to(
             PROJECT_ROOT) else str(args.config),
-        "packed_attention": dcfg.packed_attention,
-        "packed_tokens_multiple_of": dcfg.packed_tokens_multiple_of if dcfg.packed_attention else None,
+        "packed_tokens_multiple_of": dcfg.packed_tokens_multiple_of,
         "chunked_loss_rows": dcfg.chunked_loss_rows,
+        "loss_path": {"name": args.loss_path, "description": LOSS_PATHS[args.loss_path][2],
+                      "vocab_multiple": work.layout.vocab_multiple,
+                      "chunk_compiled": work.layout.resolved_compile(device)},
         "restrict_ce_to_mask": dcfg.restrict_ce_to_mask,
         "seq_len": dcfg.max_seq_length,
         "max_tokens_per_batch": dcfg.train.max_tokens_per_batch,
@@ -1032,8 +1085,9 @@ def main(argv: list[str] | None = None) -> dict:
         "flop_formula": FLOP_FORMULA,
         "peak": peak,
         "gemm": {
-            "what": "the step's own matmul shapes, each timed alone with torch.mm; achieved_tflops = the step's "
-                    "matmul FLOPs / the time those shapes take alone (the realistic ceiling)",
+            "what": "the step's own matmul shapes and operand layouts, each timed alone with torch.mm; "
+                    "achieved_tflops = the step's matmul FLOPs / the time those shapes take alone (the realistic "
+                    "ceiling)",
             "dtype": str(gemm_dtype).removeprefix("torch."),
             "from_micro_batch": {"encoder_rows": gemm_rows[0], "head_rows": gemm_rows[1],
                                  "chosen": "the median micro-batch of the first timed span"},

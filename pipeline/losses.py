@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from transformers.models.bert.modeling_bert import BertSelfAttention
 from transformers.models.distilbert.modeling_distilbert import MultiHeadSelfAttention
 
-from pipeline.chunked_lm_loss import LmHeadLossWeights, VocabProjection, chunked_lm_head_losses
+from pipeline.chunked_lm_loss import ChunkLayout, LmHeadLossWeights, VocabProjection, chunked_lm_head_losses
 from pipeline.students import teacher_layers_for_student
 
 # The weights of the DistilBERT pretraining objective, from the reference README command
@@ -142,7 +142,7 @@ def mlm_distillation_loss(
 
     Shapes: logits ``[B, S, V]``, hidden ``[B, S, H]``, labels and attention_mask ``[B, S]``
     (labels are -100 except at masked positions). Selects the rows each term reads and computes the terms with
-    ``mlm_distillation_terms``, the function pretraining distillation calls on rows it selected itself.
+    ``mlm_distillation_terms``, the readable reference of the chunked loss pretraining distillation trains with.
     """
     masked = labels.ne(IGNORED_LABEL)
     tokens = attention_mask.bool()
@@ -202,11 +202,13 @@ def mlm_distillation_terms_in_chunks(
     teacher_token_hidden: Tensor,
     weights: Mapping[str, float],
     temperature: float,
-    chunk_rows: int,
+    layout: ChunkLayout | int,
 ) -> dict[str, Tensor]:
-    """``mlm_distillation_terms`` with the vocabulary projection inside, over chunks of ``chunk_rows`` L_ce rows
-    (``chunked_lm_loss.chunked_lm_head_losses``): the same terms and gradients within float rounding, with no
-    ``[N, V]`` logits of the whole batch, and for the gradient nothing beyond one chunk's.
+    """``mlm_distillation_terms`` with the vocabulary projection inside, over chunks of L_ce rows
+    (``chunked_lm_loss.chunked_lm_head_losses``; ``layout``: a ChunkLayout or its chunk_rows): the same terms and
+    gradients within float rounding, with no ``[N, V]`` logits of the whole batch, and for the gradient nothing
+    beyond one chunk's. This is what distill_pretrain trains with; ``mlm_distillation_terms`` is its readable
+    reference, which the tests compare it against.
 
     ``student_ce_projection``/``teacher_ce_projection``: the L_ce rows ``[N, H]`` as they enter each model's
     vocabulary projection, with its weight and bias. The other arguments are ``mlm_distillation_terms``'s. Only
@@ -222,7 +224,7 @@ def mlm_distillation_terms_in_chunks(
     head_weights = LmHeadLossWeights(ce=weights.get("ce", 0.0), mlm=weights.get("mlm", 0.0),
                                      mse=weights.get("mse", 0.0))
     head_terms = chunked_lm_head_losses(student_ce_projection, teacher_ce_projection, row_labels, temperature,
-                                        head_weights, chunk_rows, ignore_index=IGNORED_LABEL)
+                                        head_weights, layout, ignore_index=IGNORED_LABEL)
     cos = hidden_rows_cosine_loss(student_token_hidden.float(), teacher_token_hidden.float())
     total = head_terms.pop("loss") + weights.get("cos", 0.0) * cos
     terms = {"ce": head_terms["ce"], "mlm": head_terms["mlm"], "cos": cos}

@@ -48,7 +48,7 @@ def distill_command(artifacts: dict, out: Path, processes: int, batch_size: int,
     # Token-budget batches of up to batch_size sequences of 64 tokens (configs/test.yaml's max_seq_length), two
     # micro-batches per optimizer step, packed (no padding, no attention across sequences); the 2-process runs
     # read, batch and mask in a DataLoader worker.
-    cfg = tiny_config(distill_pretrain={"packed_attention": True, "train": {
+    cfg = tiny_config(distill_pretrain={"train": {
         "max_steps": STEPS, "batch_size": batch_size, "max_tokens_per_batch": 64 * batch_size, "learning_rate": 5e-3,
         "grad_accum_steps": 2, "log_every": LOG_EVERY, "checkpoint_every": 4,
         "dataloader_workers": 1 if processes > 1 else 0,

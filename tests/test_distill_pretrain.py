@@ -1,4 +1,8 @@
-"""Stages init_student and distill_pretrain on tiny real models."""
+"""Stages init_student and distill_pretrain on tiny real models.
+
+distill_pretrain's loss (packed encoders, chunked loss over a padded vocabulary) against its reference (the Hugging
+Face models on padded batches, the whole-vocabulary loss): terms within rtol 1e-5 and atol 1e-5, every student
+gradient within rtol 1e-4 and atol 1e-6 (fp32; the attention and the projections sum in other orders)."""
 
 import json
 
@@ -7,7 +11,9 @@ import pytest
 import torch
 from transformers import AutoTokenizer, BertForMaskedLM, DistilBertForMaskedLM
 
+from pipeline.chunked_lm_loss import ChunkLayout
 from pipeline.config import DistillPretrainConfig
+from pipeline.distillation_reference import reference_distillation_terms
 from pipeline.losses import mlm_distillation_loss
 from pipeline.mlm import MaskedBatchCollator
 from pipeline.stages import distill_pretrain, init_student
@@ -38,11 +44,16 @@ def test_random_init_ablation_differs_from_the_teacher_copy(artifacts, tmp_path)
     assert not torch.allclose(copied[name], random[name])
 
 
-def batch_for(artifacts):
+TEXTS = ["born in the city of x", "the company employed many workers in the city", "a river"]
+
+
+def batch_for(artifacts, packed=True):
+    """A masked batch of three sentences, packed (as the stage trains; 16-token multiples) or padded (as the
+    reference reads it): the same masks either way."""
     tokenizer = AutoTokenizer.from_pretrained(artifacts["student"])
-    sequences = [np.array(tokenizer(text, add_special_tokens=False)["input_ids"])
-                 for text in ["born in the city of x", "the company employed many workers in the city"]]
-    return MaskedBatchCollator(tokenizer, 0.5)(sequences, torch.Generator().manual_seed(0))
+    sequences = [np.array(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in TEXTS]
+    collate = MaskedBatchCollator(tokenizer, 0.5, pack_to_multiple_of=16 if packed else None)
+    return collate(sequences, torch.Generator().manual_seed(0))
 
 
 def models(artifacts):
@@ -72,10 +83,10 @@ def test_the_stage_loss_is_the_tested_triple_loss_on_the_whole_grid(artifacts, r
     with torch.no_grad():  # a student clearly unlike its teacher, so every term is far from 0
         student.vocab_projector.bias.copy_(torch.randn(student.vocab_projector.bias.shape,
                                                        generator=torch.Generator().manual_seed(0)))
-    batch = batch_for(artifacts)
-    assert batch["attention_mask"].eq(0).any()  # the shorter sequence is padded
+    batch = batch_for(artifacts, packed=False)
+    assert batch["attention_mask"].eq(0).any()  # the shorter sequences are padded
     cfg = DistillPretrainConfig(restrict_ce_to_mask=restrict, alpha_mse=0.5)
-    terms = distill_pretrain.distillation_terms(student, teacher, batch, cfg)
+    terms = distill_pretrain.distillation_terms(student, teacher, batch_for(artifacts), cfg)
     inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
     student_out = student(**inputs, output_hidden_states=True)
     teacher_out = teacher(**inputs, output_hidden_states=True)
@@ -87,34 +98,47 @@ def test_the_stage_loss_is_the_tested_triple_loss_on_the_whole_grid(artifacts, r
         assert torch.allclose(terms[name], reference[name], atol=1e-5), name
 
 
+def terms_and_gradients(student, compute_terms):
+    student.zero_grad(set_to_none=True)
+    terms = compute_terms()
+    terms["loss"].backward()
+    return ({name: value.detach() for name, value in terms.items()},
+            {name: p.grad.clone() for name, p in student.named_parameters() if p.grad is not None})
+
+
 @pytest.mark.parametrize("restrict", [False, True])
-def test_the_chunked_loss_gives_the_stage_the_same_terms_and_gradients(artifacts, restrict):
-    # chunked_loss_rows only changes how much memory the vocabulary logits take: every term and every student
-    # gradient (encoder, head, the tied embeddings) must be today's within fp32 rounding (rtol 1e-5, atol 1e-6).
-    # 3 rows a chunk leaves a short last chunk.
+@pytest.mark.parametrize("layout", [ChunkLayout(3), ChunkLayout(2048), ChunkLayout(5, vocab_multiple=1)],
+                         ids=["3-rows", "one-chunk", "unpadded-vocabulary"])
+def test_the_stage_loss_and_every_gradient_equal_the_reference(artifacts, restrict, layout):
+    # Packed encoders and the chunked loss against the Hugging Face models on the padded batch and the
+    # whole-vocabulary loss: every term and every student gradient (encoder, head, the tied embeddings).
     student, teacher = models(artifacts)
-    student.eval()  # no dropout: both runs see the same activations
-    with torch.no_grad():
+    student.eval()  # no dropout: both runs compute the same function
+    with torch.no_grad():  # a student clearly unlike its teacher, so every term is far from 0
         student.vocab_projector.bias.copy_(torch.randn(student.vocab_projector.bias.shape,
                                                        generator=torch.Generator().manual_seed(0)))
-    batch = batch_for(artifacts)
-    results = {}
-    for chunk_rows in (None, 3):
-        cfg = DistillPretrainConfig(restrict_ce_to_mask=restrict, alpha_mse=0.01, chunked_loss_rows=chunk_rows)
-        student.zero_grad(set_to_none=True)
-        terms = distill_pretrain.distillation_terms(student, teacher, batch, cfg)
-        terms["loss"].backward()
-        assert all(p.grad is None for p in teacher.parameters())
-        results[chunk_rows] = ({name: value.detach() for name, value in terms.items()},
-                               {name: p.grad.clone() for name, p in student.named_parameters()})
-    (whole_terms, whole_grads), (chunked_terms, chunked_grads) = results[None], results[3]
-    assert chunked_terms.keys() == whole_terms.keys() == {"loss", "ce", "mlm", "cos", "mse"}
-    for name, value in whole_terms.items():
-        torch.testing.assert_close(chunked_terms[name], value, rtol=1e-5, atol=1e-6, msg=name)
-    assert chunked_grads.keys() == whole_grads.keys()
-    assert whole_grads["distilbert.transformer.layer.0.ffn.lin1.weight"].abs().sum() > 0
-    for name, grad in whole_grads.items():
-        torch.testing.assert_close(chunked_grads[name], grad, rtol=1e-5, atol=1e-6, msg=name)
+    cfg = DistillPretrainConfig(restrict_ce_to_mask=restrict, alpha_mse=0.01)
+    expected_terms, expected_grads = terms_and_gradients(
+        student, lambda: reference_distillation_terms(student, teacher, batch_for(artifacts, packed=False), cfg))
+    terms, grads = terms_and_gradients(
+        student, lambda: distill_pretrain.distillation_terms(student, teacher, batch_for(artifacts), cfg,
+                                                             layout=layout))
+    assert all(p.grad is None for p in teacher.parameters())
+    assert terms.keys() == expected_terms.keys() == {"loss", "ce", "mlm", "cos", "mse"}
+    assert terms["loss"] > 0.1
+    for name, value in expected_terms.items():
+        torch.testing.assert_close(terms[name], value, rtol=1e-5, atol=1e-5, msg=name)
+    assert grads.keys() == expected_grads.keys()
+    assert expected_grads["distilbert.transformer.layer.0.ffn.lin1.weight"].abs().sum() > 0
+    for name, grad in expected_grads.items():
+        torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_a_padded_batch_is_refused(artifacts):
+    student, teacher = models(artifacts)
+    with pytest.raises(ValueError, match="packed"):
+        distill_pretrain.distillation_terms(student, teacher, batch_for(artifacts, packed=False),
+                                            DistillPretrainConfig())
 
 
 def test_the_loss_takes_a_torch_compiled_student_encoder(artifacts):
@@ -124,7 +148,7 @@ def test_the_loss_takes_a_torch_compiled_student_encoder(artifacts):
     student.eval()
     batch = batch_for(artifacts)
     cfg = DistillPretrainConfig()
-    compiled = torch.compile(student.distilbert, backend="eager")
+    compiled = torch.compile(distill_pretrain.encoders(student, teacher)[0], backend="eager")
     with pytest.raises(TypeError):
         bool(compiled)
     terms = distill_pretrain.distillation_terms(student, teacher, batch, cfg, compiled)
@@ -133,42 +157,21 @@ def test_the_loss_takes_a_torch_compiled_student_encoder(artifacts):
         assert torch.allclose(terms[name], plain[name], atol=1e-5), name
 
 
-@pytest.mark.parametrize("restrict", [False, True])
-def test_packed_batches_give_the_padded_paths_loss_terms_and_gradients(artifacts, restrict):
-    # The same masked batch, packed (real tokens only, padded to a multiple of 16 tokens): every term and the
-    # student's gradient agree with the padded path's to fp32 rounding.
-    student, teacher = models(artifacts)
-    with torch.no_grad():  # a student clearly unlike its teacher, so every term is far from 0
-        student.vocab_projector.bias.copy_(torch.randn(student.vocab_projector.bias.shape,
-                                                       generator=torch.Generator().manual_seed(0)))
-    cfg = DistillPretrainConfig(restrict_ce_to_mask=restrict, alpha_mse=0.5)
-    tokenizer = AutoTokenizer.from_pretrained(artifacts["student"])
-    sequences = [np.array(tokenizer(text, add_special_tokens=False)["input_ids"])
-                 for text in ["born in the city of x", "the company employed many workers in the city", "a river"]]
-    terms, gradients = {}, {}
-    for layout, packing in (("padded", None), ("packed", 16)):
-        batch = MaskedBatchCollator(tokenizer, 0.5, pack_to_multiple_of=packing)(sequences,
-                                                                                  torch.Generator().manual_seed(0))
-        student.zero_grad()
-        terms[layout] = distill_pretrain.distillation_terms(student, teacher, batch, cfg)
-        terms[layout]["loss"].backward()
-        gradients[layout] = {name: p.grad.clone() for name, p in student.named_parameters() if p.grad is not None}
-    assert terms["packed"]["loss"] > 0.1 and gradients["packed"].keys() == gradients["padded"].keys()
-    for name in ("loss", "ce", "mlm", "cos", "mse"):
-        torch.testing.assert_close(terms["packed"][name], terms["padded"][name], atol=1e-5, rtol=1e-5)
-    for name, gradient in gradients["padded"].items():
-        torch.testing.assert_close(gradients["packed"][name], gradient, atol=1e-6, rtol=1e-4)
-
-
 def test_the_stage_trains_packed_and_writes_a_plain_distilbert(artifacts, tmp_path):
-    cfg = tiny_config(distill_pretrain={"packed_attention": True, "packed_tokens_multiple_of": 32,
-                                        "train": {"max_steps": 3, "grad_accum_steps": 2}})
+    cfg = tiny_config(distill_pretrain={"packed_tokens_multiple_of": 32, "train": {"max_steps": 3,
+                                                                                  "grad_accum_steps": 2}})
     metrics = distill_pretrain.run(cfg, artifacts["student"], str(artifacts["mlm_teacher"]), artifacts["corpus"],
                                    tmp_path / "out", tmp_path / "work")
     assert metrics["steps"] == 3 and {"ce", "mlm", "cos", "loss"} <= metrics["final_loss_terms"].keys()
     trained = DistilBertForMaskedLM.from_pretrained(tmp_path / "out")
     initial = DistilBertForMaskedLM.from_pretrained(artifacts["student"])
     assert trained.state_dict().keys() == initial.state_dict().keys()
+    # The loss pads the vocabulary to a multiple of 64 inside itself: the saved model keeps the tokenizer's.
+    vocabulary = len(AutoTokenizer.from_pretrained(artifacts["student"]))
+    assert vocabulary % 64 != 0
+    assert trained.vocab_projector.weight.shape[0] == trained.config.vocab_size == vocabulary
+    for name, tensor in initial.state_dict().items():
+        assert trained.state_dict()[name].shape == tensor.shape, name
     assert not torch.equal(trained.state_dict()["distilbert.transformer.layer.0.attention.q_lin.weight"],
                            initial.state_dict()["distilbert.transformer.layer.0.attention.q_lin.weight"])
 

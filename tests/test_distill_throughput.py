@@ -14,6 +14,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import BertConfig, BertForMaskedLM
 
+from pipeline.chunked_lm_loss import ChunkLayout
 from pipeline.config import DistillPretrainConfig
 from pipeline.mlm import MaskedBatchCollator
 from pipeline.stages.distill_pretrain import distillation_terms
@@ -65,7 +66,7 @@ def tiny_teacher_and_student():
     return freeze(teacher), student
 
 
-def masked_batch(sequence_lengths, packed_multiple=None):
+def masked_batch(sequence_lengths, packed_multiple):
     rng = np.random.default_rng(0)
     sequences = [rng.integers(1000, 30522, size=n - 2) for n in sequence_lengths]  # n real tokens with [CLS] [SEP]
     collator = bench.CountingCollate(MaskedBatchCollator(bench.BertTokenIds(), 0.3, None, packed_multiple), False)
@@ -81,51 +82,53 @@ def executed_flops(teacher, student, n_tokens, attention_lengths, head_rows):
     return teacher_forward + 3 * student_forward
 
 
-def counted_by_torch(teacher, student, batch, cfg):
+def counted_by_torch(teacher, student, batch, cfg, layout):
     """FlopCounterMode's count of the stage's loss, forward and backward. SDPA is pinned to its math backend:
     its matmuls are counted as they run, where the fused kernels would be counted by formula (flash and
     memory-efficient attention's backward as 5 products, recomputing the scores; the CPU flash kernel not at all)."""
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
-        terms = distillation_terms(student, teacher, batch, cfg)
+        terms = distillation_terms(student, teacher, batch, cfg, layout=layout)
         terms["loss"].backward()
     return counter.get_total_flops()
 
 
-@pytest.mark.parametrize("packed, chunk_rows, restrict", [(False, None, False), (True, 7, False), (False, 5, True)])
-def test_model_flops_equal_torchs_count_when_nothing_is_padding(packed, chunk_rows, restrict):
+@pytest.mark.parametrize("chunk_rows, restrict", [(12, False), (36, False), (1, True)])
+def test_model_flops_equal_torchs_count_when_nothing_is_padding(chunk_rows, restrict):
     # Tolerance 0: both count 2 m n k per matmul and nothing else (softmax, LayerNorm, GELU and the losses'
-    # elementwise work count 0 in both); with equal lengths and a packed multiple that adds no token, every
-    # executed FLOP is a model FLOP.
+    # elementwise work count 0 in both); with equal lengths, a packed multiple that adds no token, chunks that
+    # divide the rows and the vocabulary left unpadded, every executed FLOP is a model FLOP.
     teacher, student = tiny_teacher_and_student()
-    batch = masked_batch([12, 12, 12], packed_multiple=4 if packed else None)
-    cfg = DistillPretrainConfig(packed_attention=packed, chunked_loss_rows=chunk_rows, restrict_ce_to_mask=restrict)
+    batch = masked_batch([12, 12, 12], packed_multiple=4)
+    cfg = DistillPretrainConfig(restrict_ce_to_mask=restrict)
     head_rows = len(batch["masked_positions"]) if restrict else 36
     assert bench.real_sequence_lengths(batch) == (12, 12, 12)
 
     ours = bench.model_flops(bench.EncoderShape.of(teacher.config), bench.EncoderShape.of(student.config),
                              bench.real_sequence_lengths(batch), head_rows)
-    assert counted_by_torch(teacher, student, batch, cfg) == ours["total"]
+    layout = ChunkLayout(chunk_rows, vocab_multiple=1)
+    assert counted_by_torch(teacher, student, batch, cfg, layout) == ours["total"]
 
 
-@pytest.mark.parametrize("packed", [False, True])
-def test_torchs_count_exceeds_model_flops_by_exactly_the_padding(packed):
-    # Sequences of 5, 9 and 20 tokens: the padded path runs 3 x 20 rows and attends over 20 keys per row; the packed
-    # path runs 34 real tokens rounded up to 40 (a padding sequence of 6) and, on CPU, attends in a grid of 4
-    # sequences x the longest (20). Model FLOPs count 34 tokens and 5^2 + 9^2 + 20^2; torch counts what ran.
+def test_torchs_count_exceeds_model_flops_by_exactly_the_padding():
+    # Sequences of 5, 9 and 20 tokens: 34 real tokens rounded up to 40 (a padding sequence of 6), attended on CPU in
+    # a grid of 4 sequences x the longest (20); the loss's 34 rows in chunks of 8 (eager: the last one short), its
+    # vocabulary of 30,522 padded to 30,528. Model FLOPs count 34 tokens, 5^2 + 9^2 + 20^2 and 30,522 words; torch
+    # counts what ran.
     teacher, student = tiny_teacher_and_student()
-    batch = masked_batch([5, 9, 20], packed_multiple=8 if packed else None)
+    batch = masked_batch([5, 9, 20], packed_multiple=8)
     teacher_shape, student_shape = bench.EncoderShape.of(teacher.config), bench.EncoderShape.of(student.config)
     assert bench.real_sequence_lengths(batch) == (5, 9, 20)
-    assert batch[bench.EXECUTED_TOKENS_KEY] == (40 if packed else 60)
+    assert batch[bench.EXECUTED_TOKENS_KEY] == 40
+    grid = [batch["max_seqlen"]] * (len(batch["cu_seqlens"]) - 1)
+    assert grid == [20, 20, 20, 20]
 
-    if packed:
-        grid = [batch["max_seqlen"]] * (len(batch["cu_seqlens"]) - 1)
-        assert grid == [20, 20, 20, 20]
-        expected = executed_flops(teacher_shape, student_shape, 40, grid, head_rows=34)
-    else:
-        expected = executed_flops(teacher_shape, student_shape, 60, [20, 20, 20], head_rows=34)
-    cfg = DistillPretrainConfig(packed_attention=packed, chunked_loss_rows=8)
-    counted = counted_by_torch(teacher, student, batch, cfg)
+    def executed_forward(shape):
+        hidden = shape.hidden
+        encoder = sum(bench.encoder_forward_flops(shape, 40, grid).values())
+        return encoder + 2 * 34 * hidden * hidden + 2 * 34 * hidden * 30528  # head transform; padded projection
+
+    expected = executed_forward(teacher_shape) + 3 * executed_forward(student_shape)
+    counted = counted_by_torch(teacher, student, batch, DistillPretrainConfig(), ChunkLayout(8))
     model = bench.model_flops(teacher_shape, student_shape, (5, 9, 20), 34)["total"]
     assert counted == expected
     assert counted > model
@@ -135,16 +138,38 @@ def test_the_step_matmul_shapes_hold_the_model_flops_apart_from_attention():
     teacher = bench.EncoderShape(layers=2, hidden=8, intermediate=16, heads=2, vocab=50)
     student = bench.EncoderShape(layers=1, hidden=8, intermediate=16, heads=2, vocab=50)
     flops = bench.model_flops(teacher, student, [6, 4], head_rows=10)
-    for fused in (False, True):
-        for chunk_rows in (None, 4, 10, 64):  # 4: two chunks of 4 and one of 2
-            shapes = bench.step_matmul_shapes(teacher, student, encoder_rows=10, head_rows=10, chunk_rows=chunk_rows,
-                                              fused_qkv=fused)
-            matmul_flops = sum(2 * s["m"] * s["n"] * s["k"] * s["count"] for s in shapes)
-            assert matmul_flops == flops["total"] - flops["attention"], (fused, chunk_rows)
-    chunked = bench.step_matmul_shapes(teacher, student, 10, 10, chunk_rows=4, fused_qkv=True)
-    assert {"m": 4, "n": 50, "k": 8, "count": 2 * 2} in chunked  # teacher's and student's forward: 2 chunks each
-    assert {"m": 2, "n": 50, "k": 8, "count": 2} in chunked
-    assert {"m": 50, "n": 8, "k": 4, "count": 2} in chunked  # the student's weight gradient of the full chunks
+    for chunk_rows, padded in ((1, True), (5, True), (10, True), (4, False), (64, False)):
+        # Chunks that divide the rows, or eager chunks with a short tail, on the unpadded vocabulary: no padding.
+        shapes = bench.step_matmul_shapes(teacher, student, encoder_rows=10, head_rows=10, chunk_rows=chunk_rows,
+                                          padded_chunks=padded)
+        matmul_flops = sum(2 * s["m"] * s["n"] * s["k"] * s["count"] for s in shapes)
+        assert matmul_flops == flops["total"] - flops["attention"], chunk_rows
+    # 10 rows in chunks of 4, compiled: three chunks of one shape (the last padded), the vocabulary padded to 64.
+    chunked = bench.step_matmul_shapes(teacher, student, 10, 10, chunk_rows=4, vocab_multiple=64)
+    assert {"m": 4, "n": 64, "k": 8, "layout": "nt", "count": 2 * 3} in chunked  # teacher's and student's logits
+    assert {"m": 4, "n": 8, "k": 64, "layout": "nn", "count": 3} in chunked  # the student's input gradient
+    assert {"m": 64, "n": 8, "k": 4, "layout": "tn", "count": 3} in chunked  # its weight gradient, gᵀ a view
+    assert not any(s["n"] == 50 or s["m"] == 50 or s["k"] == 50 for s in chunked)
+    # Eager: two chunks of 4 and a tail of 2, no padding rows.
+    eager = bench.step_matmul_shapes(teacher, student, 10, 10, chunk_rows=4, vocab_multiple=64, padded_chunks=False)
+    assert {"m": 4, "n": 64, "k": 8, "layout": "nt", "count": 2 * 2} in eager
+    assert {"m": 2, "n": 64, "k": 8, "layout": "nt", "count": 2} in eager
+
+
+@pytest.mark.parametrize("layout", ["nn", "nt", "tn"])
+def test_the_gemm_operands_have_the_steps_layouts(layout):
+    a, b = bench.matmul_operands(3, 5, 4, layout, torch.float32, torch.device("cpu"))
+    assert a.shape == (3, 4) and b.shape == (4, 5)
+    assert a.is_contiguous() == (layout[0] == "n") and b.is_contiguous() == (layout[1] == "n")
+
+
+def test_the_vocabulary_gemms_are_timed_at_every_size_in_the_losss_layouts():
+    results = bench.vocabulary_gemms(16, 8, [30522, 30528], torch.float32, torch.device("cpu"), 0.001)
+    assert [(r["vocab"], r["gemm"]) for r in results] == [
+        (vocab, name) for vocab in (30522, 30528) for name in ("logits", "input_gradient", "weight_gradient")]
+    weight_gradient = results[2]
+    assert (weight_gradient["m"], weight_gradient["n"], weight_gradient["k"]) == (30522, 8, 16)
+    assert weight_gradient["layout"] == "tn" and all(r["tflops"] > 0 for r in results)
 
 
 # ------------------------------------------------------------------------------------------------ kernel classes
@@ -249,7 +274,8 @@ KEPT_FIELDS = {"benchmark", "device", "cpu", "platform", "threads", "loader_work
                "seq_len", "max_tokens_per_batch", "corpus", "steps_timed", "seconds_per_step", "tokens_per_second",
                "step_breakdown_seconds", "peak_memory_mb", "teacher_parameters", "student_parameters",
                "last_loss_terms", "reference"}
-NEW_FIELDS = {"command", "cores", "host_load_average_1min", "gpu", "precision", "tf32_matmul", "packed_attention", "chunked_loss_rows", "model_shapes",
+NEW_FIELDS = {"command", "cores", "host_load_average_1min", "gpu", "precision", "tf32_matmul", "packed_tokens_multiple_of",
+              "chunked_loss_rows", "loss_path", "model_shapes",
               "steps_warmup", "repeats", "protocol", "order", "mfu", "flop_formula", "peak", "gemm", "loops",
               "gpu_clocks", "profile"}
 
@@ -268,7 +294,10 @@ def test_the_json_has_the_kept_and_the_new_fields(tiny_run):
     assert written["cpu"]["model_name"] and written["device"] == "cpu" and written["gpu"] is None
     assert set(written["step_breakdown_seconds"]) == set(bench.PHASES)
     assert set(written["flop_formula"]) >= {"mfu", "micro_batch", "model_forward", "symbols", "counted", "not_counted"}
-    assert written["packed_attention"] and written["chunked_loss_rows"] == 24 and written["seq_len"] == 32
+    assert written["packed_tokens_multiple_of"] == 16 and written["chunked_loss_rows"] == 24 and written["seq_len"] == 32
+    assert written["loss_path"]["name"] == "fused" and written["loss_path"]["vocab_multiple"] == 64
+    assert written["loss_path"]["chunk_compiled"] is False  # eager on CPU
+    assert all(s["layout"] in ("nn", "nt", "tn") for s in written["gemm"]["shapes"])
     assert written["protocol"]["meets_minimum"] is False  # 2 repeats of 2 steps: a smoke run
     assert written["model_shapes"]["student"] == {"layers": 1, "hidden": 16, "intermediate": 32, "heads": 2,
                                                   "vocab": 30522}

@@ -15,7 +15,7 @@ from pipeline.packed_encoder import (
     encoder_inputs,
     sequence_layout,
 )
-from pipeline.stages.distill_pretrain import student_mlm_logits
+from pipeline.distillation_reference import student_mlm_logits
 
 VOCAB = 60
 LENGTHS = [5, 17, 9, 30, 12]  # tokens between [CLS] and [SEP]: every sequence a different length

@@ -248,10 +248,10 @@ class DistillPretrainConfig:
     )
     smoothing_exponent: float = option(0.7, "Exponent of the token-frequency smoothing.", minimum=0.0)
     restrict_ce_to_mask: bool = option(False, "Compute L_ce only at masked positions (else all non-padding).")
-    chunked_loss_rows: int | None = option(
-        None, "Compute L_ce, L_mlm and L_mse with the student's vocabulary projection over chunks of this many "
-        "rows, gradients formed chunk by chunk (pipeline/chunked_lm_loss.py): the same loss within float rounding, "
-        "and no [tokens x vocab] logits of the whole batch held for backward. null: project all rows at once.",
+    chunked_loss_rows: int = option(
+        2048, "Rows of the vocabulary projection per chunk of the loss: L_ce, L_mlm and L_mse are computed chunk by "
+        "chunk with their gradients (pipeline/chunked_lm_loss.py), so no [tokens x vocab] logits of the whole batch "
+        "exist. Only memory and speed change; a batch smaller than a chunk is padded to a multiple of 64 rows.",
         minimum=1)
     max_seq_length: int = option(
         128, "Positions of a pretraining-distillation sequence: longer documents are cut into chunks of this many "
@@ -259,15 +259,10 @@ class DistillPretrainConfig:
     run_random_init_ablation: bool = option(
         True, "Target `study` also distills a randomly initialised student with the same budget (the ablation)."
     )
-    packed_attention: bool = option(
-        False, "Run teacher and student on each micro-batch's real tokens only: one flat sequence with cumulative "
-        "sequence lengths, one fused Q/K/V projection per layer and variable-length attention (flash attention's "
-        "varlen kernel on CUDA; pipeline/packed_encoder.py). The same batches, masks, dropout and objective as the "
-        "padded path, and the saved student is a plain DistilBertForMaskedLM.")
     packed_tokens_multiple_of: int = option(
-        64, "With packed_attention: a micro-batch's flat token count is padded up to a multiple of this, so "
-        "torch.compile and CUDA graphs see few shapes; the padding forms sequences of its own that no loss reads.",
-        minimum=1)
+        64, "Both models run on each micro-batch's real tokens only, as one flat sequence (pipeline/packed_encoder.py); "
+        "its token count is padded up to a multiple of this, so torch.compile and CUDA graphs see few shapes. The "
+        "padding forms sequences of its own that no loss reads.", minimum=1)
     train: TrainConfig = option(_default_distill_pretrain_train, "The training run.")
 
     def __post_init__(self) -> None:

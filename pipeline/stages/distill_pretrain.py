@@ -1,16 +1,16 @@
 """Stage distill_pretrain: the student learns from the frozen MLM teacher during MLM pretraining.
 
 Loss (Sanh et al. 2019; reference distiller): alpha_ce * KL(softmax(t/T) || softmax(s/T)) * T^2
-+ alpha_mlm * cross-entropy on masked tokens + alpha_cos * (1 - cos(h_s, h_t)) [+ alpha_mse * MSE(logits)],
-computed by `losses.mlm_distillation_terms`. Dynamic masking every batch (optionally frequency-smoothed), no
-next-sentence prediction. Sequences come from the memory-mapped tokenized corpus (tokenize_corpus), in
-token-budget batches.
++ alpha_mlm * cross-entropy on masked tokens + alpha_cos * (1 - cos(h_s, h_t)) [+ alpha_mse * MSE(logits)].
+Dynamic masking every batch (optionally frequency-smoothed), no next-sentence prediction. Sequences come from the
+memory-mapped tokenized corpus (tokenize_corpus), in token-budget batches.
 
-Memory: the vocabulary projection is applied only to the positions a loss reads (non-padding, or only the
-masked ones with restrict_ce_to_mask), never to the full [batch, sequence, vocab] grid; with chunked_loss_rows it
-runs over chunks of those rows (`losses.mlm_distillation_terms_in_chunks`), so no [rows, vocab] logits of the whole
-batch exist either. With packed_attention both models run on the real tokens only (pipeline/packed_encoder.py):
-the same batches and masks, no padding computed.
+One path, on every device and in every config: both models run packed, on each micro-batch's real tokens only
+(pipeline/packed_encoder.py), and the vocabulary terms run chunked and fused (`losses.mlm_distillation_terms_in_chunks`,
+pipeline/chunked_lm_loss.py): the projection only on the rows a term reads (every token, or only the masked ones
+with restrict_ce_to_mask), chunk_rows at a time over a vocabulary padded to a multiple of 64, so no [rows, vocab]
+logits of the whole batch ever exist. Its readable reference, the Hugging Face models on padded batches and the
+whole-vocabulary loss (pipeline/distillation_reference.py), is what the tests hold it equal to.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from pipeline.manifests import fingerprint, to_plain
 from pipeline.manifests import verify_input_dirs
 from pipeline.config import DistillPretrainConfig, PipelineConfig
 from pipeline.corpus import TokenizedCorpus, copy_ids_to_node, node_local_ids_path, token_budget_batches
-from pipeline.chunked_lm_loss import VocabProjection
-from pipeline.losses import mlm_distillation_terms, mlm_distillation_terms_in_chunks
+from pipeline.chunked_lm_loss import ChunkLayout, VocabProjection
+from pipeline.losses import mlm_distillation_terms_in_chunks
 from pipeline.masking import selection_weights_from_counts
 from pipeline.model_card import mlm_student_card, write_model_card
 from pipeline.mlm import MaskedBatchCollator, masked_token_accuracy, rows, special_token_ids
@@ -48,21 +48,13 @@ def student_mlm_head_transform(student: DistilBertForMaskedLM, hidden_rows: torc
     return student.vocab_layer_norm(student.activation(student.vocab_transform(hidden_rows)))
 
 
-def student_mlm_logits(student: DistilBertForMaskedLM, hidden_rows: torch.Tensor) -> torch.Tensor:
-    """DistilBERT's MLM head on selected hidden rows [N, H] -> [N, V]."""
-    return student.vocab_projector(student_mlm_head_transform(student, hidden_rows))
-
-
 def loss_weights(cfg: DistillPretrainConfig) -> dict[str, float]:
     return {"ce": cfg.alpha_ce, "mlm": cfg.alpha_mlm, "cos": cfg.alpha_cos, "mse": cfg.alpha_mse}
 
 
-def encoders(student: DistilBertForMaskedLM, teacher: BertForMaskedLM, packed: bool) -> tuple[Module, Module]:
-    """The student's and the teacher's encoder: the Hugging Face modules themselves on padded batches, or the
-    packed encoders over them (the same parameters) on packed ones."""
-    if packed:
-        return PackedDistilBertEncoder(student.distilbert), PackedBertEncoder(teacher.bert)
-    return student.distilbert, teacher.bert
+def encoders(student: DistilBertForMaskedLM, teacher: BertForMaskedLM) -> tuple[Module, Module]:
+    """The student's and the teacher's packed encoders, over the Hugging Face modules' own parameters."""
+    return PackedDistilBertEncoder(student.distilbert), PackedBertEncoder(teacher.bert)
 
 
 def distillation_terms(
@@ -72,12 +64,17 @@ def distillation_terms(
     cfg: DistillPretrainConfig,
     student_forward=None,
     teacher_forward=None,
+    layout: ChunkLayout | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Both models on a masked batch (MaskedBatchCollator's keys, padded or packed), then the triple loss on the
-    rows it reads. The forwards default to `encoders(...)` for the batch's layout."""
+    """Both models on a packed masked batch (MaskedBatchCollator's keys with pack_to_multiple_of), then the triple
+    loss on the rows it reads, its vocabulary terms chunked. The forwards default to `encoders(...)`; the layout
+    to chunks of cfg.chunked_loss_rows over the vocabulary padded to a multiple of 64."""
+    if "cu_seqlens" not in batch:
+        raise ValueError("distill_pretrain's loss takes packed batches (MaskedBatchCollator(pack_to_multiple_of=...)); "
+                         "pipeline.distillation_reference computes it on padded ones")
     # `is None`, not `or`: the truth value of a torch.compile'd module is its len(), which raises.
     if student_forward is None or teacher_forward is None:
-        default_student, default_teacher = encoders(student, teacher, packed="cu_seqlens" in batch)
+        default_student, default_teacher = encoders(student, teacher)
         student_forward = default_student if student_forward is None else student_forward
         teacher_forward = default_teacher if teacher_forward is None else teacher_forward
     inputs = encoder_inputs(batch)
@@ -86,27 +83,18 @@ def distillation_terms(
         teacher_hidden = teacher_forward(**inputs).last_hidden_state
     ce_positions = batch["masked_positions"] if cfg.restrict_ce_to_mask else batch["token_positions"]
     masked_rows = None if cfg.restrict_ce_to_mask else batch["masked_in_tokens"]
-    student_token_hidden = rows(student_hidden, batch["token_positions"])
-    teacher_token_hidden = rows(teacher_hidden, batch["token_positions"])
-    if cfg.chunked_loss_rows is not None:
-        # Only the vocabulary projection is chunked: the head's layers before it are [N, H], as small as the
-        # encoder's activations, and stay in autograd.
-        student_projection = VocabProjection(student_mlm_head_transform(student, rows(student_hidden, ce_positions)),
-                                             student.vocab_projector.weight, student.vocab_projector.bias)
-        teacher_head = teacher.cls.predictions
-        with torch.no_grad():
-            teacher_projection = VocabProjection(teacher_head.transform(rows(teacher_hidden, ce_positions)),
-                                                 teacher_head.decoder.weight, teacher_head.decoder.bias)
-        return mlm_distillation_terms_in_chunks(
-            student_projection, teacher_projection, masked_rows, batch["masked_labels"],
-            student_token_hidden, teacher_token_hidden, loss_weights(cfg), cfg.temperature, cfg.chunked_loss_rows,
-        )
-    student_logits = student_mlm_logits(student, rows(student_hidden, ce_positions))
+    # Only the vocabulary projection is chunked: the head's layers before it are [N, H], as small as the encoder's
+    # activations, and stay in autograd.
+    student_projection = VocabProjection(student_mlm_head_transform(student, rows(student_hidden, ce_positions)),
+                                         student.vocab_projector.weight, student.vocab_projector.bias)
+    teacher_head = teacher.cls.predictions
     with torch.no_grad():
-        teacher_logits = teacher.cls(rows(teacher_hidden, ce_positions))
-    return mlm_distillation_terms(
-        student_logits, teacher_logits, masked_rows, batch["masked_labels"],
-        student_token_hidden, teacher_token_hidden, loss_weights(cfg), cfg.temperature,
+        teacher_projection = VocabProjection(teacher_head.transform(rows(teacher_hidden, ce_positions)),
+                                             teacher_head.decoder.weight, teacher_head.decoder.bias)
+    return mlm_distillation_terms_in_chunks(
+        student_projection, teacher_projection, masked_rows, batch["masked_labels"],
+        rows(student_hidden, batch["token_positions"]), rows(teacher_hidden, batch["token_positions"]),
+        loss_weights(cfg), cfg.temperature, layout or ChunkLayout(cfg.chunked_loss_rows),
     )
 
 
@@ -128,7 +116,7 @@ def run(
     if use_bf16(dcfg.train, device):
         # Frozen: bf16 weights halve its memory and time; only where the loop itself trains under bf16 autocast.
         teacher_model = teacher_model.to(torch.bfloat16)
-    student_encoder, teacher_encoder = encoders(student, teacher_model, dcfg.packed_attention)
+    student_encoder, teacher_encoder = encoders(student, teacher_model)
     student_forward = maybe_compile(student_encoder, dcfg.train, device)
     teacher_forward = maybe_compile(teacher_encoder, dcfg.train, device)
 
@@ -145,8 +133,7 @@ def run(
     if dcfg.token_frequency_smoothing:
         selection_weights = selection_weights_from_counts(
             corpus.token_counts(), special_token_ids(tokenizer), dcfg.smoothing_exponent)
-    collator = MaskedBatchCollator(tokenizer, dcfg.mlm_mask_prop, selection_weights,
-                                   dcfg.packed_tokens_multiple_of if dcfg.packed_attention else None)
+    collator = MaskedBatchCollator(tokenizer, dcfg.mlm_mask_prop, selection_weights, dcfg.packed_tokens_multiple_of)
     max_tokens = dcfg.train.max_tokens_per_batch or dcfg.train.batch_size * dcfg.max_seq_length
     world_size = process_group_from_env().world_size
 

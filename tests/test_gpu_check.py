@@ -1,0 +1,96 @@
+"""benchmarks/gpu_check.sh's CPU dry run at tiny shapes: every step of the device run runs and writes its results
+under one folder, so a lent GPU's minutes go to measuring, not to debugging the script. And the loss-path
+benchmark's verdict on the convergence runs."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import PROJECT_ROOT
+
+
+def load_script():
+    sys.path.insert(0, str(PROJECT_ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("loss_paths", PROJECT_ROOT / "benchmarks" / "loss_paths.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+loss_paths = load_script()
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu_check") / "results"
+    completed = subprocess.run(
+        [str(PROJECT_ROOT / "benchmarks" / "gpu_check.sh"), "--dry-run", str(out)], cwd=PROJECT_ROOT,
+        env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=600)
+    return completed, out
+
+
+def read(out, name):
+    return json.loads((out / name).read_text())
+
+
+def test_every_step_runs_and_the_summary_lists_it(dry_run):
+    completed, out = dry_run
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    summary = read(out, "summary.json")
+    assert summary["dry_run"] is True and summary["passed"] is True
+    assert [step["step"] for step in summary["steps"]] == ["versions", "gemm", "cuda_equivalence", "loss_paths"]
+    assert all(step["exit_status"] == 0 and not step["timed_out"] for step in summary["steps"])
+    assert summary["files"] == ["cuda_equivalence.json", "loss_paths.json", "versions.json", "vocabulary_gemms.json"]
+    assert all((out / step["log"]).exists() for step in summary["steps"])
+    versions = read(out, "versions.json")
+    assert versions["torch"] and versions["transformers"] and versions["gpu"] is None
+
+
+def test_the_gemm_step_times_every_vocabulary_gemm_in_its_layout(dry_run):
+    gemm = read(dry_run[1], "vocabulary_gemms.json")["parts"]["gemm"]
+    seen = {(entry["vocab"], entry["gemm"], entry["layout"]) for entry in gemm["gemms"]}
+    assert seen == {(vocab, name, layout) for vocab in (30522, 30528)
+                    for name, layout in (("logits", "nt"), ("input_gradient", "nn"), ("weight_gradient", "tn"))}
+
+
+def test_the_equivalence_step_checks_the_stage_against_the_reference(dry_run):
+    record = read(dry_run[1], "cuda_equivalence.json")
+    assert record["passed"] is True and list(record["checks"]) == ["fp32", "bf16", "attention_dropout", "host_syncs"]
+
+
+def test_the_paths_step_measures_both_paths_profiles_and_convergence(dry_run):
+    record = read(dry_run[1], "loss_paths.json")
+    assert record["complete"] is True and record["failed_parts"] == []
+    assert record["paths"]["fused"]["vocab_multiple"] == 64 and record["paths"]["unpadded_eager"]["vocab_multiple"] == 1
+    throughput = record["parts"]["throughput"]
+    assert [entry["path"] for entry in throughput["order"]] == ["unpadded_eager", "fused"]  # one round, interleaved
+    for name in ("unpadded_eager", "fused"):
+        assert throughput["rounds"][name][0]["tokens_per_second"] > 0
+        assert throughput["rounds"][name][0]["peak_memory_mb"] > 0
+        profile = record["parts"]["profile"][name]
+        assert profile["loss_ranges_seen"] == 1 and 0 < profile["loss_share_of_wall"] < 1
+        assert profile["seconds_by_class"]["gemm"] > 0
+    convergence = record["parts"]["convergence"]
+    assert convergence["seeds"] == [0, 1] and set(convergence["runs"]) == {"unpadded_eager", "fused"}
+    for by_seed in convergence["runs"].values():
+        assert all(run["steps"] == 2 and run["logged"] and run["final_mlm"] > 0 for run in by_seed.values())
+    assert isinstance(convergence["within_seed_spread"], bool)
+
+
+def test_the_convergence_verdict_compares_the_paths_with_the_seed_spread(monkeypatch, tmp_path):
+    finals = {("unpadded_eager", 0): 2.00, ("fused", 0): 2.01, ("unpadded_eager", 1): 2.10, ("fused", 1): 2.12}
+    monkeypatch.setattr(loss_paths, "convergence_run",
+                        lambda args, work, state, seed, scratch: {"final_mlm": finals[(work, seed)]})
+    args = type("Args", (), {"seeds": [0, 1], "convergence_steps": 150, "convergence_max_tokens": 16384})()
+    result = loss_paths.convergence_part(args, {"unpadded_eager": "unpadded_eager", "fused": "fused"}, {}, tmp_path)
+    assert result["seed_to_seed_spread"] == pytest.approx({"unpadded_eager": 0.10, "fused": 0.11})
+    assert result["path_difference_of_means"] == pytest.approx(0.015)
+    assert result["within_seed_spread"] is True
+    finals[("fused", 0)], finals[("fused", 1)] = 2.30, 2.41  # a path that learns worse than seeds vary
+    assert loss_paths.convergence_part(args, {"unpadded_eager": "unpadded_eager", "fused": "fused"}, {},
+                                       tmp_path)["within_seed_spread"] is False
