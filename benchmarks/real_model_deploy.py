@@ -133,19 +133,22 @@ def prepare(work: Path) -> dict:
 
 
 def deploy(work: Path) -> dict:
-    """The documented command, run in `work` with the project's Snakefile, offline."""
-    command = documented_command()
+    """The documented command, run in the project with `work`'s model and dev file, offline. Its words are split
+    as a shell would (shlex) and run without a shell: the paths and the extra config file are words of their own."""
     # The gates' size for this small dev file rides in as a second config file (merged over configs/deploy.yaml).
     (work / "gates.yaml").write_text(f"export:\n  gates:\n    dev_questions: {GATED_QUESTIONS}\n")
-    command = command.replace("--configfile configs/deploy.yaml",
-                              f"--configfile configs/deploy.yaml {shlex.quote(str(work / 'gates.yaml'))}")
-    command = command.replace("./my-qa-model", str(work / "my-qa-model")).replace("./my-dev.json",
-                                                                                  str(work / "my-dev.json"))
-    command += f" output_root={shlex.quote(str(work / 'artifacts'))}"  # one more key of the command's --config
+    words = []
+    for word in shlex.split(documented_command()):
+        word = word.replace("./my-qa-model", str(work / "my-qa-model")).replace("./my-dev.json", str(work / "my-dev.json"))
+        words.append(word)
+        if word == "configs/deploy.yaml":
+            words.append(str(work / "gates.yaml"))
+    words.append(f"output_root={work / 'artifacts'}")  # one more key of the command's --config
     environment = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     started = time.perf_counter()
-    completed = subprocess.run(command, shell=True, cwd=PROJECT, env=environment)
-    return {"command": command, "exit_code": completed.returncode, "seconds": round(time.perf_counter() - started, 1)}
+    completed = subprocess.run(words, cwd=PROJECT, env=environment)
+    return {"command": shlex.join(words), "exit_code": completed.returncode,
+            "seconds": round(time.perf_counter() - started, 1)}
 
 
 def build_root(work: Path) -> Path:
