@@ -92,6 +92,26 @@ def questions_to_decide(value: float, threshold: float, spread: float) -> int | 
     return max(1, math.ceil((Z_95 * spread / margin) ** 2))
 
 
+def questions_for_agreement(rate: float, minimum: float, most: int = 10_000_000) -> int | None:
+    """Dev questions whose Wilson 95 % interval would lie above `minimum` at this agreement rate: the interval's
+    own formula, not the normal approximation, which says 1 question at a rate of 1.0. None beyond `most`."""
+    def clears(n: int) -> bool:
+        return wilson_interval(round(rate * n), n)[0] >= minimum
+
+    if rate <= minimum:
+        return None
+    high = 1
+    while not clears(high):
+        high *= 2
+        if high > most:
+            return None
+    low = high // 2
+    while high - low > 1:  # clears(high), not clears(low)
+        middle = (low + high) // 2
+        low, high = (low, middle) if clears(middle) else (middle, high)
+    return high
+
+
 def ships(verdict: str | None, strict: bool) -> bool:
     """Whether a variant with this verdict goes into the bundle: proven always, unproven unless strict."""
     return verdict == PROVEN or (verdict == UNPROVEN and not strict) or verdict in (None, RECORDED)
@@ -110,9 +130,7 @@ def agreement_gate(predictions: Mapping[str, str], pytorch_predictions: Mapping[
     if minimum is None:
         return {**result, "verdict": RECORDED, "passed": None, "questions_to_decide": None}
     verdict = judge(value, (low, high), minimum, higher_is_better=True)
-    # A question agrees or not: its spread is the binomial one.
-    needed = (questions_to_decide(same / total, minimum, math.sqrt(same / total * (1 - same / total)))
-              if verdict == UNPROVEN else None)
+    needed = questions_for_agreement(same / total, minimum) if verdict == UNPROVEN else None
     return {**result, "verdict": verdict, "passed": verdict != REJECTED, "questions_to_decide": needed}
 
 

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from pipeline import gates
+from pipeline.statistics import wilson_interval
 
 
 def answers(n: int, wrong: int, prefix: str = "q") -> tuple[dict, dict]:
@@ -17,8 +18,11 @@ def test_agreement_is_rejected_past_its_minimum_proven_beyond_its_noise_and_unpr
     assert gates.agreement_gate(near, pytorch, 0.96)["verdict"] == "rejected"  # the estimate is under the minimum
     unproven = gates.agreement_gate(near, pytorch, 0.95)
     assert unproven["verdict"] == "unproven" and unproven["passed"] and unproven["interval"][0] < 0.95
-    # 1.96² · p(1-p) / (p - 0.95)² questions would clear it at this spread: about 9,500
-    assert unproven["questions_to_decide"] == pytest.approx(1.959964 ** 2 * 0.958 * 0.042 / 0.008 ** 2, rel=1e-3)
+    # The Wilson interval of 95.8 % clears 0.95 from about 2,800 questions on (the normal approximation says 2,400)
+    needed = unproven["questions_to_decide"]
+    assert 2000 < needed < 3500
+    assert wilson_interval(round(0.958 * needed), needed)[0] >= 0.95 > wilson_interval(round(0.958 * (needed - 50)),
+                                                                                        needed - 50)[0]
     proven = gates.agreement_gate(near, pytorch, 0.94)
     assert proven["verdict"] == "proven" and proven["passed"] and proven["questions_to_decide"] is None
     recorded = gates.agreement_gate(near, pytorch, None)
@@ -73,6 +77,14 @@ def test_a_report_takes_its_worst_gates_verdict():
     tight = gates.compressed_model_report("x", near, pytorch, gold, 100.0, 0.996, 1.0)
     assert tight["gates"]["answer_agreement"]["verdict"] == "unproven" and tight["verdict"] == "unproven"
     assert gates.compressed_model_report("x", near, pytorch, gold, 100.0, 0.998, 1.0)["verdict"] == "rejected"
+
+
+def test_all_answers_equal_on_few_questions_is_unproven_with_the_questions_its_interval_needs():
+    pytorch, same = answers(120, 0)
+    agreement = gates.agreement_gate(same, pytorch, 0.99)
+    assert agreement["verdict"] == "unproven" and agreement["interval"][0] < 0.99
+    # n / (n + 1.96²) >= 0.99 from n = 380 on (not the 1 question a normal approximation of p = 1 would say)
+    assert agreement["questions_to_decide"] in (379, 380)
 
 
 def test_ships_proven_always_unproven_unless_strict_rejected_never():
