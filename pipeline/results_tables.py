@@ -115,6 +115,7 @@ def cpu_label(run: dict) -> str:
     flags = set(run["simd_flags"])
     isa = "AVX-512 VNNI" if "avx512_vnni" in flags else "AVX-512" if "avx512f" in flags else "AVX2"
     isa += ", AMX" if "amx_int8" in flags else ""
+    isa += ", VP2INTERSECT" if "avx512_vp2intersect" in flags else ""  # tells two EPYC generations apart
     return f"\"{run['cpu']}\" ({isa})"
 
 
