@@ -69,14 +69,16 @@ def test_the_fallback_puts_the_most_sensitive_layers_back_in_fp32_and_times_what
     fallback = cfg.export.quantize.fallback
     fallback.recipes, fallback.max_layers = 1, 2
     fallback.target_f1_drop = -1.0  # out of reach (the schema's minimum is 0): every step is taken
-    cfg.export.quantize.int4 = False
-    cfg.export.quantize.latency_runs = 5
-    recipes = {name: recipe for name, recipe in int8.int8_recipes(cfg.export.quantize, {"per_channel": False,
-               "reduce_range": False}).items() if recipe.format == "qoperator" and recipe.graph == "plain"}
-    tuning, _ = int8_tuning.tuning_questions(paths["data"], onnx_dir, cfg)
+    quantize = cfg.export.quantize
+    quantize.int4, quantize.latency_runs = False, 5
+    # The naive baseline and one dynamic per-channel recipe of the plain graph
+    quantize.search_graphs, quantize.search_formats = ["plain"], ["qoperator"]
+    quantize.search_per_channel, quantize.search_attention_int8 = [True], [False]
     questions = gate_questions(paths["data"], student["student"], cfg.export.gates.dev_questions)
-    variants, f1_by_question = int8_tuning.search(onnx_dir, tmp_path, cfg, {"reduce_range": False}, recipes, tuning,
-                                                  questions, threads=1)
+    searched = int8_tuning.search(onnx_dir, paths["data"], tmp_path, cfg, questions, threads=1)
+    variants = searched["variants"]
+    recipes = {name: int8.Int8Recipe(**recipe) for name, recipe in searched["int8_recipes"].items()}
+    assert len(recipes) == 2 and "training questions" in searched["tuned_on"]
     tuned = [name for name, variant in variants.items() if variant["fallback"].get("sensitivity")]
     assert len(tuned) == 1  # fallback.recipes
     record = variants[tuned[0]]["fallback"]
@@ -95,5 +97,5 @@ def test_the_fallback_puts_the_most_sensitive_layers_back_in_fp32_and_times_what
     assert "latency_cost_ms_p50" in record and record["latency_ms_without_fallback"]["p50"] > 0
     others = [name for name in variants if name not in tuned and name in recipes]
     assert all(variants[name]["fallback"]["fell_back"] == [] for name in others)
-    assert set(f1_by_question) == set(variants) and all(v["verdict"] for v in variants.values())
+    assert all(v["verdict"] for v in variants.values()) and searched["bundle_choice"] in variants
     assert not (tmp_path / "untuned").exists() and not (tmp_path / "fp32-graphs").exists()

@@ -29,10 +29,12 @@ import onnx
 from pipeline import onnx_qa, squad
 from pipeline.artifacts import atomic_write_json, directory_size_bytes, megabytes, read_json
 from pipeline.config import PipelineConfig
-from pipeline.export.int8 import (MODEL_FILE, Int8Recipe, activation_matmuls, calibration_feeds, copy_side_files,
-                                  fp32_graph, quantize_int4, quantize_int8, weight_storage)
+from pipeline.export.int8 import (MODEL_FILE, Int8Recipe, activation_matmuls, calibration_feeds,
+                                  choose_bundle_variant, copy_side_files, fp32_graph, int8_recipes,
+                                  quantization_settings, quantize_int4, quantize_int8, weight_storage)
 from pipeline.gates import GateQuestions, compressed_model_report
 from pipeline.latency import compare_latency
+from pipeline.machine import cpu_description
 from pipeline.statistics import per_question_f1
 
 logger = logging.getLogger(__name__)
@@ -252,8 +254,45 @@ def build_and_tune(onnx_dir: Path, out_dir: Path, cfg: PipelineConfig, settings:
     return names, fallbacks, untuned
 
 
-def search(onnx_dir: Path, out_dir: Path, cfg: PipelineConfig, settings: dict, recipes: dict[str, Int8Recipe],
-           tuning: TuningQuestions | None, questions: GateQuestions, threads: int) -> tuple[dict, dict]:
+def search(onnx_dir: Path, data_dir: Path, out_dir: Path, cfg: PipelineConfig, questions: GateQuestions,
+           threads: int) -> dict:
+    """The whole int8 search into out_dir, in its named steps: the target's settings and the recipe grid, the
+    tuning questions (calibration), every variant built and tuned (sensitivity, fallback), gated on `questions`,
+    timed, and the bundle's choice. Returns quantize.json's record."""
+    qcfg = cfg.export.quantize
+    settings = quantization_settings(qcfg)
+    recipes = int8_recipes(qcfg, settings)
+    tuning, tuned_on = tuning_questions(data_dir, onnx_dir, cfg)
+    left_out = {}
+    if tuning is None:  # nothing to calibrate static scales on: those recipes are left out, saying why
+        left_out = {name: tuned_on for name, recipe in recipes.items() if recipe.format == "qdq"}
+        recipes = {name: recipe for name, recipe in recipes.items() if name not in left_out}
+    variants, f1_by_question = build_gate_and_time(onnx_dir, out_dir, cfg, settings, recipes, tuning, questions,
+                                                   threads)
+    choice, runner_up, decided_by = choose_bundle_variant(variants, f1_by_question, qcfg.latency_tie_fraction)
+    return {
+        "settings": settings,
+        "cpu": cpu_description(),
+        "timing": {"sequence_length": cfg.squad.max_seq_length, "batch_size": 1, "threads": 1,
+                   "runs": qcfg.latency_runs},
+        "pytorch_f1": questions.pytorch_f1,
+        "n_questions": len(questions.examples),
+        "variants": variants,
+        "int8_recipes": {name: asdict(recipe) for name, recipe in recipes.items()},
+        "calibrated_on": tuned_on if tuning is not None else None,
+        "tuned_on": tuned_on if tuning is not None else None,
+        "left_out_recipes": left_out,
+        "rejected": sorted(name for name in variants if variants[name]["verdict"] == "rejected"),
+        "not_shipped": sorted(name for name in variants if not variants[name]["passed"]),
+        "bundle_choice": choice,
+        "runner_up": runner_up,
+        "decided_by": decided_by,
+    }
+
+
+def build_gate_and_time(onnx_dir: Path, out_dir: Path, cfg: PipelineConfig, settings: dict,
+                        recipes: dict[str, Int8Recipe], tuning: TuningQuestions | None, questions: GateQuestions,
+                        threads: int) -> tuple[dict, dict]:
     """Build, tune, gate and time every variant into out_dir; returns the variants' records and the per-question
     F1 of each (for the choice)."""
     gates, qcfg = cfg.export.gates, cfg.export.quantize

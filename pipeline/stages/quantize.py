@@ -30,15 +30,12 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict
 from pathlib import Path
 
 from pipeline.artifacts import atomic_output_dir, atomic_write_json
 from pipeline.config import PipelineConfig
-from pipeline.export.int8 import choose_bundle_variant, int8_recipes, quantization_settings
-from pipeline.export.int8_tuning import search, tuning_questions
+from pipeline.export.int8_tuning import search
 from pipeline.gates import gate_questions
-from pipeline.machine import cpu_description
 from pipeline.manifests import verify_input_dirs
 
 logger = logging.getLogger(__name__)
@@ -46,37 +43,9 @@ logger = logging.getLogger(__name__)
 
 def run(cfg: PipelineConfig, onnx_dir: Path, model_dir: Path, data_dir: Path, out_dir: Path, threads: int = 1) -> dict:
     verify_input_dirs(onnx_dir, model_dir, data_dir)
-
-    qcfg = cfg.export.quantize
-    settings = quantization_settings(qcfg)
     questions = gate_questions(data_dir, model_dir, cfg.export.gates.dev_questions)
-    recipes = int8_recipes(qcfg, settings)
-    tuning, tuned_on = tuning_questions(data_dir, onnx_dir, cfg)
-    left_out = {}
-    if tuning is None:  # nothing to calibrate static scales on: those recipes are left out, saying why
-        left_out = {name: tuned_on for name, recipe in recipes.items() if recipe.format == "qdq"}
-        recipes = {name: recipe for name, recipe in recipes.items() if name not in left_out}
     with atomic_output_dir(out_dir, cfg) as tmp:
-        variants, f1_by_question = search(onnx_dir, tmp, cfg, settings, recipes, tuning, questions, threads)
-        choice, runner_up, decided_by = choose_bundle_variant(variants, f1_by_question, qcfg.latency_tie_fraction)
-        metrics = {
-            "settings": settings,
-            "cpu": cpu_description(),
-            "timing": {"sequence_length": cfg.squad.max_seq_length, "batch_size": 1, "threads": 1,
-                       "runs": qcfg.latency_runs},
-            "pytorch_f1": questions.pytorch_f1,
-            "n_questions": len(questions.examples),
-            "variants": variants,
-            "int8_recipes": {name: asdict(recipe) for name, recipe in recipes.items()},
-            "calibrated_on": tuned_on if tuning is not None else None,
-            "tuned_on": tuned_on if tuning is not None else None,
-            "left_out_recipes": left_out,
-            "rejected": sorted(name for name in variants if variants[name]["verdict"] == "rejected"),
-            "not_shipped": sorted(name for name in variants if not variants[name]["passed"]),
-            "bundle_choice": choice,
-            "runner_up": runner_up,
-            "decided_by": decided_by,
-        }
+        metrics = search(onnx_dir, data_dir, tmp, cfg, questions, threads)
         atomic_write_json(tmp / "quantize.json", metrics)
     logger.info("quantize_onnx %s: %s", onnx_dir, json.dumps(metrics))
     return metrics
