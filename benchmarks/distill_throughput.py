@@ -790,6 +790,22 @@ def spread(values: list[float]) -> dict | None:
             "ci95": [interval["low"], interval["high"]] if interval else None}
 
 
+def training_step(work, optimizer, stream):
+    """One optimizer step of the stage's loss on the next micro-batch of `stream`, as the training loop takes it
+    (bf16 autocast where the workload runs it, gradient clipping, zeroed gradients)."""
+    def step() -> None:
+        batch = to_device(next(stream), work.device)
+        with torch.autocast(work.device.type, dtype=torch.bfloat16, enabled=work.bf16):
+            terms = work.loss(batch)
+        terms["loss"].backward()
+        if work.dcfg.train.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(work.student.parameters(), work.dcfg.train.max_grad_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
 def profile_steps(work: Workload, steps: int) -> dict:
     """A torch.profiler trace of `steps` steps of the benchmark's loop (after one untimed step), summarised by
     kernel class."""
@@ -802,16 +818,7 @@ def profile_steps(work: Workload, steps: int) -> dict:
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if work.device.type == "cuda" else [])
     stream = iter(loader)
 
-    def step() -> None:
-        batch = to_device(next(stream), work.device)
-        with torch.autocast(work.device.type, dtype=torch.bfloat16, enabled=work.bf16):
-            terms = work.loss(batch)
-        terms["loss"].backward()
-        if work.dcfg.train.max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(work.student.parameters(), work.dcfg.train.max_grad_norm)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
+    step = training_step(work, optimizer, stream)
     step()
     synchronize(work.device)
     with profile(activities=activities) as profiler:

@@ -68,6 +68,7 @@ from distill_throughput import (  # noqa: E402
     repeat_record,
     spread,
     synchronize,
+    training_step,
     vocabulary_gemms,
 )
 
@@ -75,7 +76,7 @@ from pipeline.artifacts import atomic_write_json  # noqa: E402
 from pipeline.chunked_lm_loss import PROFILER_RANGE  # noqa: E402
 from pipeline.corpus import token_budget_batches  # noqa: E402
 from pipeline.machine import cpu_description  # noqa: E402
-from pipeline.training.batching import micro_batch_loader, to_device  # noqa: E402
+from pipeline.training.batching import micro_batch_loader  # noqa: E402
 from pipeline.training.loop import build_optimizer, train  # noqa: E402
 from pipeline.training.run_settings import seed_everything  # noqa: E402
 
@@ -164,14 +165,7 @@ def profile_path(work, steps: int) -> dict:
     optimizer = build_optimizer(work.student, work.dcfg.train, work.device)
     stream = iter(loader)
 
-    def step() -> None:
-        batch = to_device(next(stream), work.device)
-        with torch.autocast(work.device.type, dtype=torch.bfloat16, enabled=work.bf16):
-            terms = work.loss(batch)
-        terms["loss"].backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
+    step = training_step(work, optimizer, stream)
     step()
     synchronize(work.device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
