@@ -806,18 +806,17 @@ def training_step(work, optimizer, stream):
     return step
 
 
-def profile_steps(work: Workload, steps: int) -> dict:
-    """A torch.profiler trace of `steps` steps of the benchmark's loop (after one untimed step), summarised by
-    kernel class."""
+def profiled_steps(work: Workload, steps: int, seed: int = SEED):
+    """`steps` steps of the benchmark's loop under torch.profiler, after one untimed step: the profiler and the
+    steps' wall seconds."""
     from torch.profiler import ProfilerActivity, profile
 
-    loader = micro_batch_loader(work.sequences, work.collate, work.batch_plan, seed=SEED, start_micro_batch=0,
+    loader = micro_batch_loader(work.sequences, work.collate, work.batch_plan, seed=seed, start_micro_batch=0,
                                 total_micro_batches=steps + 1, workers=work.workers,
                                 pin_memory=work.device.type == "cuda")
     optimizer = build_optimizer(work.student, work.dcfg.train, work.device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if work.device.type == "cuda" else [])
     stream = iter(loader)
-
     step = training_step(work, optimizer, stream)
     step()
     synchronize(work.device)
@@ -828,6 +827,13 @@ def profile_steps(work: Workload, steps: int) -> dict:
         synchronize(work.device)
         wall = time.perf_counter() - started
     del stream, loader, optimizer
+    return profiler, wall
+
+
+def profile_steps(work: Workload, steps: int) -> dict:
+    """A torch.profiler trace of `steps` steps of the benchmark's loop (after one untimed step), summarised by
+    kernel class."""
+    profiler, wall = profiled_steps(work, steps)
     return {"steps": steps, **profile_summary(profiler.key_averages(), wall, on_gpu=work.device.type == "cuda")}
 
 

@@ -64,11 +64,11 @@ from distill_throughput import (  # noqa: E402
     measured_config,
     peak_tflops,
     profile_summary,
+    profiled_steps,
     random_corpus,
     repeat_record,
     spread,
     synchronize,
-    training_step,
     vocabulary_gemms,
 )
 
@@ -76,8 +76,7 @@ from pipeline.artifacts import atomic_write_json  # noqa: E402
 from pipeline.chunked_lm_loss import PROFILER_RANGE  # noqa: E402
 from pipeline.corpus import token_budget_batches  # noqa: E402
 from pipeline.machine import cpu_description  # noqa: E402
-from pipeline.training.batching import micro_batch_loader  # noqa: E402
-from pipeline.training.loop import build_optimizer, train  # noqa: E402
+from pipeline.training.loop import train  # noqa: E402
 from pipeline.training.run_settings import seed_everything  # noqa: E402
 
 PARTS = ("gemm", "throughput", "profile", "convergence")
@@ -157,25 +156,9 @@ def profile_path(work, steps: int) -> dict:
     """`steps` profiled steps of the benchmark loop (after one untimed one): kernel classes, the loss's share, and
     the unaligned GEMM kernels."""
     from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
 
     on_gpu = work.device.type == "cuda"
-    loader = micro_batch_loader(work.sequences, work.collate, work.batch_plan, seed=0, start_micro_batch=0,
-                                total_micro_batches=steps + 1, workers=work.workers, pin_memory=on_gpu)
-    optimizer = build_optimizer(work.student, work.dcfg.train, work.device)
-    stream = iter(loader)
-
-    step = training_step(work, optimizer, stream)
-    step()
-    synchronize(work.device)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
-    with profile(activities=activities) as profiler:
-        started = time.perf_counter()
-        for _ in range(steps):
-            step()
-        synchronize(work.device)
-        wall = time.perf_counter() - started
-    del stream, loader, optimizer
+    profiler, wall = profiled_steps(work, steps, seed=0)
     # The loss's range as the host saw it; on a GPU, the device time of the kernels launched inside it.
     ranges = [event for event in profiler.events() if event.name == PROFILER_RANGE]
     loss_seconds = sum((event.device_time_total if on_gpu else event.cpu_time_total) for event in ranges) / 1e6
