@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class ProxyTuning:
-    """Tuning questions windowed for the PyTorch proxy, with the uncompressed model's logits and answers."""
+    """Tuning questions windowed for the PyTorch proxy, with the uncompressed model's logits and per-question F1."""
 
     records: object  # datasets.Dataset
     features: object  # their windows (qa.validation_windows)
@@ -42,6 +42,10 @@ class ProxyTuning:
     def mask(self) -> np.ndarray:
         return np.asarray(self.features.with_format("numpy")["attention_mask"]).astype(bool)
 
+    def f1(self, logits: tuple[np.ndarray, np.ndarray], cfg: PipelineConfig) -> np.ndarray:
+        """Per-question F1 of the answers these logits give."""
+        return per_question_f1(answers(logits, self.records, self.features, cfg), self.gold)
+
 
 def proxy_tuning(data_dir: Path, model_dir: Path, mask_input: bool, cfg: PipelineConfig) -> tuple[ProxyTuning | None, str]:
     """The tuning questions (int8_tuning.tuning_records) with the uncompressed float32 proxy's logits and F1."""
@@ -52,20 +56,20 @@ def proxy_tuning(data_dir: Path, model_dir: Path, mask_input: bool, cfg: Pipelin
         return None, where
     features = qa.validation_windows(records, AutoTokenizer.from_pretrained(model_dir), cfg.squad)
     reference = proxy_logits(load_wrapped(model_dir, mask_input), features, cfg, half=False)
-    tuning = ProxyTuning(records, features, squad.gold_answers(records), reference, np.array([]), where)
-    tuning.reference_f1 = per_question_f1(answers(reference, tuning, cfg), tuning.gold)
-    return tuning, where
+    gold = squad.gold_answers(records)
+    reference_f1 = per_question_f1(answers(reference, records, features, cfg), gold)
+    return ProxyTuning(records, features, gold, reference, reference_f1, where), where
 
 
-def answers(logits: tuple[np.ndarray, np.ndarray], tuning: ProxyTuning, cfg: PipelineConfig) -> dict[str, str]:
-    return squad.postprocess_predictions(tuning.records, tuning.features, *logits, n_best_size=cfg.squad.n_best_size,
+def answers(logits: tuple[np.ndarray, np.ndarray], records, features, cfg: PipelineConfig) -> dict[str, str]:
+    return squad.postprocess_predictions(records, features, *logits, n_best_size=cfg.squad.n_best_size,
                                          max_answer_length=cfg.squad.max_answer_length)
 
 
 def tuning_drop(model: torch.nn.Module, tuning: ProxyTuning, cfg: PipelineConfig) -> tuple[float, tuple]:
     """The compressed proxy's F1 drop from the uncompressed one on the tuning questions, and its logits."""
     logits = proxy_logits(model, tuning.features, cfg, half=False)
-    drop = float((tuning.reference_f1 - per_question_f1(answers(logits, tuning, cfg), tuning.gold)).mean())
+    drop = float((tuning.reference_f1 - tuning.f1(logits, cfg)).mean())
     return round(drop, 3), logits
 
 

@@ -94,10 +94,8 @@ def tuning_questions(data_dir: Path, onnx_dir: Path, cfg: PipelineConfig) -> tup
 class GraphAnswers:
     """A graph's start/end logits and answers on the tuning questions."""
 
-    def __init__(self, path: Path, tuning: TuningQuestions, cfg: PipelineConfig, threads: int | None):
-        session = onnx_qa.QuestionAnswerer.with_squad_settings(path, path.parent / "tokenizer.json", cfg.squad,
-                                                               threads=threads).session
-        self.start, self.end = onnx_qa.window_logits(session, tuning.windows)
+    def __init__(self, path: Path, tuning: TuningQuestions, cfg: PipelineConfig):
+        self.start, self.end = graph_logits(path, tuning.windows)
         candidates = squad.n_best_predictions(
             {"id": [e["id"] for e in tuning.examples], "context": [e["context"] for e in tuning.examples]},
             {"example_id": tuning.windows.example_ids, "offset_mapping": tuning.windows.context_offsets},
@@ -197,7 +195,7 @@ def fall_back(source: Path, target: Path, recipe: Int8Recipe, reduce_range: bool
     for layer in list(sensitivity)[:fcfg.max_layers]:
         fell_back.append(layer)
         quantize_int8(source, target, recipe, reduce_range, calibration, exclude=fell_back)
-        measured = tuning_drop(GraphAnswers(target, tuning, cfg, threads=None), reference_f1, tuning, reference)
+        measured = tuning_drop(GraphAnswers(target, tuning, cfg), reference_f1, tuning, reference)
         steps.append({"layer": layer, "sensitivity": sensitivity[layer], **measured})
         logger.info("int8 fallback %s: %s back to fp32 -> tuning F1 drop %s", recipe.name, layer, measured["f1_drop"])
         if measured["f1_drop"] < best[0]:
@@ -235,9 +233,9 @@ def build_and_tune(onnx_dir: Path, out_dir: Path, cfg: PipelineConfig, settings:
     fallbacks, untuned = {}, {}
     if tuning is None or qcfg.fallback.recipes == 0:
         return names, fallbacks, untuned
-    reference = GraphAnswers(onnx_dir / "fp32" / MODEL_FILE, tuning, cfg, threads=None)
+    reference = GraphAnswers(onnx_dir / "fp32" / MODEL_FILE, tuning, cfg)
     reference_f1 = per_question_f1(reference.predictions, tuning.gold)
-    before = {name: tuning_drop(GraphAnswers(out_dir / name / MODEL_FILE, tuning, cfg, threads=None), reference_f1,
+    before = {name: tuning_drop(GraphAnswers(out_dir / name / MODEL_FILE, tuning, cfg), reference_f1,
                                 tuning, reference) for name in recipes}
     over = sorted((name for name in recipes if before[name]["f1_drop"] > qcfg.fallback.target_f1_drop),
                   key=lambda name: before[name]["f1_drop"])
@@ -249,8 +247,9 @@ def build_and_tune(onnx_dir: Path, out_dir: Path, cfg: PipelineConfig, settings:
                                     settings["reduce_range"], calibrations[name], tuning, reference, reference_f1,
                                     before[name], cfg, out_dir / "sensitivity")
     for name in recipes:
-        fallbacks.setdefault(name, {"before": before[name], "fell_back": [],
-                                    "tuned": False if name in over else "within the target"})
+        not_tuned = (f"over the target, not among the {qcfg.fallback.recipes} most accurate such recipes"
+                     if name in over else "within the target")
+        fallbacks.setdefault(name, {"before": before[name], "fell_back": [], "not_tuned": not_tuned})
     return names, fallbacks, untuned
 
 
@@ -279,8 +278,7 @@ def search(onnx_dir: Path, data_dir: Path, out_dir: Path, cfg: PipelineConfig, q
         "n_questions": len(questions.examples),
         "variants": variants,
         "int8_recipes": {name: asdict(recipe) for name, recipe in recipes.items()},
-        "calibrated_on": tuned_on if tuning is not None else None,
-        "tuned_on": tuned_on if tuning is not None else None,
+        "tuned_on": tuned_on if tuning is not None else None,  # also what calibrated the static scales
         "left_out_recipes": left_out,
         "rejected": sorted(name for name in variants if variants[name]["verdict"] == "rejected"),
         "not_shipped": sorted(name for name in variants if not variants[name]["passed"]),

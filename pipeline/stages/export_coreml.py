@@ -78,7 +78,8 @@ def run(cfg: PipelineConfig, model_dir: Path, data_dir: Path | None, out_dir: Pa
             "sequence_lengths": sorted(ccfg.sequence_lengths),
             "masked_score": MASKED_SCORE,
             "n_questions": None if gold is None else len(gold),  # the dev questions each package's proxy is gated on
-            "tuned_on": tuned_on,
+            # the questions the packages' fallback tuned on, or why there were none
+            **({"tuned_on": tuned_on} if tuning is not None else {"not_tuned": tuned_on}),
             "packages": packages,
             "rejected": sorted(variant for variant, package in packages.items()
                                if package.get("dev", {}).get("passed") is False),
