@@ -75,6 +75,32 @@ def time_in_turn(runs_once: dict[str, Callable[[], object]], runs: int, warmup: 
     return {name: percentiles(t) for name, t in times.items()}
 
 
+# Between two runtimes timed in turn with more than one thread, each runtime's pool spins after its run (onnxruntime's
+# threads, OpenMP's, TBB's) and takes the cores the next one needs; so the runtimes alternate by blocks, each after a
+# pause long enough for the other's threads to park and one untimed run (docs/findings.md has the figures).
+BLOCK_RUNS, SETTLE_S = 5, 0.1
+
+
+def time_in_blocks(runs_once: dict[str, Callable[[], object]], runs: int, warmup: int, block: int = BLOCK_RUNS,
+                   settle_s: float = SETTLE_S) -> dict[str, dict[str, float]]:
+    """p50/p90 in ms of each named callable, timed round-robin by blocks: each block waits settle_s, runs once
+    untimed, then times up to `block` runs; `runs` timed runs each, after `warmup` untimed rounds. For runtimes
+    with thread pools of their own side by side in one process (time_in_turn suits one thread)."""
+    for _ in range(warmup):
+        for run_once in runs_once.values():
+            run_once()
+    times: dict[str, list[float]] = {name: [] for name in runs_once}
+    while len(times[next(iter(times))]) < runs:
+        for name, run_once in runs_once.items():
+            time.sleep(settle_s)
+            run_once()
+            for _ in range(min(block, runs - len(times[name]))):
+                start = time.perf_counter()
+                run_once()
+                times[name].append((time.perf_counter() - start) * 1000)
+    return {name: percentiles(t) for name, t in times.items()}
+
+
 def time_calls(run_once: Callable[[], object], runs: int, warmup: int) -> dict[str, float]:
     """p50/p90 in ms of one callable over `runs` calls after `warmup` untimed ones."""
     return time_in_turn({"run": run_once}, runs, warmup)["run"]

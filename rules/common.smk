@@ -11,7 +11,7 @@ from pipeline.code_inputs import command_code_files
 from pipeline.config import PipelineConfig, from_dict, to_dict
 from pipeline.data_sources import check_local_files, configured_local_paths, local_data_files
 from pipeline.deploy import check_local_model, deploy_root
-from pipeline.export.peers import ORT_PEER, TORCH_PEER
+from pipeline.export.peers import BUILT_PEERS
 from pipeline.stage_cli import stage_arguments
 
 CFG = from_dict(PipelineConfig, config)  # cross-field checks the schema cannot express
@@ -84,7 +84,7 @@ EXPORT_SECTIONS = ("seed", "squad", "export")
 FULL_SIZE = CFG.export.full_size.architectures
 INT8_SEARCHED = "distilbert" in FULL_SIZE
 SEARCHED_INT8_BUILT_FOR = [architecture for architecture in FULL_SIZE if INT8_SEARCHED and architecture != "distilbert"]
-PEERS_BUILT = {architecture: [peer for peer in (TORCH_PEER, ORT_PEER)
+PEERS_BUILT = {architecture: [peer for peer in BUILT_PEERS
                               if f"{architecture}/{peer}" in CFG.benchmark.timed_full_size]
                for architecture in FULL_SIZE}
 PEERS_BUILT = {architecture: names for architecture, names in PEERS_BUILT.items() if names}

@@ -1,7 +1,7 @@
 """pipeline/latency.py, the one timer: calls taken in turn, percentiles, and the ranking every latency-based choice
 uses. Timings are never asserted on (speed goes in benchmarks); what is checked is who runs when, and the shapes."""
 
-from pipeline.latency import compare_latency, fastest_first, time_calls, time_in_turn
+from pipeline.latency import compare_latency, fastest_first, time_calls, time_in_blocks, time_in_turn
 
 
 def test_callables_are_timed_in_turn_after_untimed_rounds():
@@ -9,6 +9,21 @@ def test_callables_are_timed_in_turn_after_untimed_rounds():
     timings = time_in_turn({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, runs=3, warmup=2)
     assert calls == ["a", "b"] * 5  # 2 warm-up rounds, then 3 timed ones, each round a then b
     assert set(timings) == {"a", "b"}
+    assert all(0 <= cell["p50"] <= cell["p90"] and set(cell) == {"p50", "p90"} for cell in timings.values())
+
+
+def test_runtimes_with_thread_pools_alternate_by_blocks_each_after_a_pause_and_an_untimed_run(monkeypatch):
+    import pipeline.latency as latency
+
+    calls, pauses = [], []
+    monkeypatch.setattr(latency.time, "sleep", lambda seconds: (pauses.append(seconds), calls.append("pause")))
+    timings = time_in_blocks({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, runs=7, warmup=1,
+                             block=3, settle_s=0.25)
+    # warm-up round, then blocks of 3, 3 and 1 timed runs, each after a pause and one untimed run
+    block = lambda name, timed: ["pause", name] + [name] * timed  # noqa: E731
+    assert calls == (["a", "b"] + block("a", 3) + block("b", 3) + block("a", 3) + block("b", 3)
+                     + block("a", 1) + block("b", 1))
+    assert pauses == [0.25] * 6
     assert all(0 <= cell["p50"] <= cell["p90"] and set(cell) == {"p50", "p90"} for cell in timings.values())
 
 

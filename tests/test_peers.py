@@ -81,14 +81,43 @@ def test_torch_peer_quantizes_every_linear_layer_on_each_engine(tiny_full_size):
     assert all(type(m) is not torch.ao.nn.quantized.dynamic.Linear for m in fp32.modules())  # original untouched
 
 
+def test_nncf_peer_is_an_openvino_int8_model_that_keeps_the_answers_close(tiny_full_size, tmp_path):
+    from pipeline.export.full_size import random_windows
+    from pipeline.export.int8 import calibration_feeds
+    from pipeline.latency import onnx_session
+
+    fp32_path = tiny_full_size / "full_size" / "distilbert" / "onnx" / "fp32" / "model.onnx"
+    calibration = calibration_feeds(random_windows(200, 1), fp32_path, 4)
+    path, settings = peers.build_nncf_int8(fp32_path, tmp_path / "nncf", calibration)
+    assert path.name == peers.OPENVINO_FILE and path.with_suffix(".bin").is_file()
+    assert settings["calibration_feeds"] == 4 and settings["model_type"] == "transformer"
+    fp32 = onnx_session(fp32_path, 1)
+    for precision in peers.OPENVINO_PRECISIONS:
+        runner = peers.OpenVinoRunner(path, 1, precision)
+        assert precision == "default" or runner.precision == precision
+        feed = runner.synthetic_feed(48, 200)
+        for expected, got in zip(fp32.run(None, feed), runner.run(feed)):
+            assert got.shape == expected.shape
+            assert np.abs(expected - got).max() < 0.1 * np.abs(expected).max() + 0.05, precision
+    rows, resolved = peers.openvino_profile(path, "f32", 48, 200, runs=2)
+    assert resolved == "f32" and rows and all(row["ms_per_run"] >= 0 for row in rows)
+    assert abs(sum(row["share"] for row in rows) - 1) < 0.05 or len(rows) == 10
+    assert any(row["op"].startswith("FullyConnected") for row in rows)  # the int8 GEMMs are OpenVINO's own layers
+
+
 def test_export_peers_builds_the_named_peers_and_the_benchmark_times_them(tiny_full_size, tmp_path):
+    from pipeline.export.full_size import random_windows
+    from pipeline.export.int8 import Int8Recipe, calibration_feeds, quantize_int8
+
     root = output_root(tiny_full_size, tmp_path)
     cfg = tiny_config(export={"full_size": {"architectures": ["distilbert"]}},
                       benchmark={"sequence_lengths": [32, 256], "threads": [1, 2], "runs": 2, "warmup": 1,
                                  "search_runs": 3, "timed_full_size": ["distilbert/torch-dynamic-int8",
-                                                                       "distilbert/onnx-ortquantizer-int8"]})
-    built = export_peers.run(cfg, root / "full_size" / "distilbert", f"{peers.TORCH_PEER},{peers.ORT_PEER}",
-                             root / "peers" / "distilbert")
+                                                                       "distilbert/onnx-ortquantizer-int8",
+                                                                       "distilbert/openvino-nncf-int8",
+                                                                       "distilbert/openvino-ours-int8"]})
+    built = export_peers.run(cfg, root / "full_size" / "distilbert",
+                             f"{peers.TORCH_PEER},{peers.ORT_PEER},{peers.OPENVINO_PEER}", root / "peers" / "distilbert")
     assert built["architecture"] == "distilbert" and built["skipped"] == {}
     sizes = built["peers"][peers.TORCH_PEER]["size_mb_by_engine"]
     assert set(sizes) == set(peers.torch_engines()) and all(size > 0 for size in sizes.values())
@@ -96,18 +125,30 @@ def test_export_peers_builds_the_named_peers_and_the_benchmark_times_them(tiny_f
     assert (root / "peers" / "distilbert" / ort_built["path"]).is_file()
     assert ort_built["quantization"]["is_static"] is False and ort_built["precision"].startswith("int8-ortquantizer-")
 
+    nncf_built = built["peers"][peers.OPENVINO_PEER]
+    assert (root / "peers" / "distilbert" / nncf_built["path"]).is_file() and nncf_built["size_mb"] > 0
+
+    # openvino-ours-int8 runs the search's fastest static graph: none searched, none run, and the reason said
     timed, skipped = benchmark.peer_artifacts(root, cfg)
+    assert "no static (qdq) int8 recipe" in skipped["distilbert/openvino-ours-int8"]
+    assert not any(item["name"].startswith("distilbert/openvino-ours-int8") for item in timed)
+    fp32_path = tiny_full_size / "full_size" / "distilbert" / "onnx" / "fp32" / "model.onnx"
+    static = Int8Recipe("plain", "qdq", True, False)
+    graph = tiny_full_size / "full_size" / "distilbert" / "onnx" / static.name / "model.onnx"  # where the search puts it
+    graph.parent.mkdir(exist_ok=True)
+    quantize_int8(fp32_path, graph, static, False, calibration_feeds(random_windows(200, 1), fp32_path, 4))
+    search = {"candidates": {"int8": {"recipe": {"format": "qoperator"}, "latency_ms": {"p50": 1.0, "p90": 1.0}},
+                             static.name: {"recipe": {"format": "qdq"}, "latency_ms": {"p50": 2.0, "p90": 2.0}}}}
+    timed, skipped = benchmark.peer_artifacts(root, cfg, search)
     items = {item["name"]: item for item in timed}
     assert skipped == {}
-    torch_peer, ort_peer = items["distilbert/torch-dynamic-int8"], items["distilbert/onnx-ortquantizer-int8"]
-    search = torch_peer["engine_search"]
-    assert set(search["engines"]) == set(peers.torch_engines())
-    assert torch_peer["engine"] == min(search["engines"], key=lambda e: search["engines"][e]["p50"])
-    assert torch_peer["size_mb"] == sizes[torch_peer["engine"]]
-    assert torch_peer["tool"].endswith(f"engine {torch_peer['engine']})")
-    assert torch_peer["peer_of"] == ort_peer["peer_of"] == "distilbert/onnx-int8-optimized"
-    assert ort_peer["path"] == str(root / "peers" / "distilbert" / ort_built["path"])
-    assert ort_peer["quantization"] == ort_built["quantization"] and ort_peer["tool"] == ort_built["tool"]
+    assert set(items) == {"distilbert/torch-dynamic-int8", "distilbert/onnx-ortquantizer-int8",
+                          *(f"distilbert/{peer}-{precision}" for peer in (peers.OPENVINO_PEER, peers.OPENVINO_OURS)
+                            for precision in peers.OPENVINO_PRECISIONS)}
+    ours_on_openvino = items["distilbert/openvino-ours-int8-f32"]
+    assert ours_on_openvino["path"].endswith(f"{static.name}/model.onnx") and ours_on_openvino["recipe"] == static.name
+    assert all(items[f"distilbert/{peer}-default"]["openvino_precision"] == "default"
+               for peer in (peers.OPENVINO_PEER, peers.OPENVINO_OURS))
     # "ours" here: the fp32 graph stands in for the int8 one (the comparison only needs a graph to alternate with)
     ours = {"name": "distilbert/onnx-int8-optimized", "format": "onnx", "max_positions": 128, "vocab_size": 200,
             "path": str(tiny_full_size / "full_size" / "distilbert" / "onnx" / "fp32" / "model.onnx"),
@@ -117,9 +158,9 @@ def test_export_peers_builds_the_named_peers_and_the_benchmark_times_them(tiny_f
         assert latency["seq32"]["threads1"]["p50"] > 0 and rss > 0
         in_turn = benchmark.in_worker({**item, "ours": ours}, cfg.benchmark, "interleaved-with-ours")
         assert set(in_turn) == {"seq32"}  # 256 is beyond the models' 128 positions
-        assert set(in_turn["seq32"]) == {"threads1"}  # more threads: each artifact's own process
-        pair = in_turn["seq32"]["threads1"]
-        assert set(pair) == {"peer", "ours"} and all(0 < cell["p50"] <= cell["p90"] for cell in pair.values())
+        assert set(in_turn["seq32"]) == {"threads1", "threads2"}  # every thread count, in turn in one process
+        for pair in in_turn["seq32"].values():
+            assert set(pair) == {"peer", "ours"} and all(0 < cell["p50"] <= cell["p90"] for cell in pair.values())
     none_named = tiny_config(export={"full_size": {"architectures": ["distilbert"]}}, benchmark={"timed_full_size": []})
     assert benchmark.peer_artifacts(tmp_path / "no-root", none_named) == ([], {})
 

@@ -602,10 +602,11 @@ class BenchmarkConfig:
     timed_full_size: list[str] = option(
         ["bert-base/pytorch-fp32", "bert-base/onnx-int8-optimized", "distilbert/pytorch-fp32", "distilbert/onnx-fp32",
          "distilbert/onnx-int8", "distilbert/onnx-int8-optimized", "distilbert/torch-dynamic-int8",
-         "distilbert/onnx-ortquantizer-int8"],
+         "distilbert/onnx-ortquantizer-int8", "distilbert/openvino-nncf-int8", "distilbert/openvino-ours-int8"],
         "Full-size artifacts that are timed (each takes tens of seconds); the others get sizes only. The peers "
-        "(<architecture>/torch-dynamic-int8, <architecture>/onnx-ortquantizer-int8: pipeline.export.peers) are "
-        "built and timed only when named here.",
+        "(<architecture>/torch-dynamic-int8, <architecture>/onnx-ortquantizer-int8, "
+        "<architecture>/openvino-nncf-int8, distilbert/openvino-ours-int8: pipeline.export.peers) are built and "
+        "timed only when named here; each OpenVINO one at precision f32 and at the runtime's default.",
     )
 
     def __post_init__(self) -> None:

@@ -41,7 +41,8 @@ from pipeline.artifacts import atomic_output_dir, atomic_write_json, directory_s
 from pipeline.model_registry import bundled_model, exported_models
 from pipeline.config import BenchmarkConfig, PipelineConfig
 from pipeline.errors import PipelineError
-from pipeline.latency import fastest_first, onnx_session, synthetic_feed, time_calls, time_in_turn
+from pipeline.latency import (BLOCK_RUNS, SETTLE_S, fastest_first, onnx_session, synthetic_feed, time_calls,
+                              time_in_blocks, time_in_turn)
 from pipeline.machine import cpu_description, high_water_mark_mb
 
 # The export libraries are imported where they are used: every timed artifact runs in a fresh process that imports
@@ -216,29 +217,35 @@ def runner(item: dict, sequence_length: int, threads: int, model=None):
             with torch.inference_mode():
                 model(**inputs)
         return run_once
+    if item["format"] == "openvino":
+        from pipeline.export.peers import OpenVinoRunner
+
+        compiled = OpenVinoRunner(item["path"], threads, item["openvino_precision"])
+        feed = compiled.synthetic_feed(sequence_length, item["vocab_size"])
+        return lambda: compiled.run(feed)
     session = onnx_session(item["path"], threads, item.get("session_options") or "default")
     feed = synthetic_feed(session, sequence_length, item["vocab_size"])
     return lambda: session.run(None, feed)
 
 
 def interleaved_with_ours(peer: dict, ours: dict, cfg: BenchmarkConfig) -> dict:
-    """The peer and our graph timed in one process, run for run in turn (cfg.runs each after cfg.warmup) at every
-    length with 1 thread, so a drift in machine speed between the artifacts' own timing processes cannot make one
-    look faster: {seqL: {"threads1": {"peer": {p50, p90}, "ours": {p50, p90}}}}. 1 thread only: with more, the two
-    runtimes' thread pools, spinning between runs, would take cores from each other, so those counts are compared
-    from each artifact's own process."""
-    peer_model = None
-    if peer["format"] == "pytorch":
-        import torch
-
-        torch.set_num_threads(1)
-        peer_model = load_pytorch(peer)
+    """The peer and our graph timed in one process, in turn by blocks (pipeline.latency.time_in_blocks: cfg.runs
+    each after cfg.warmup) at every length and thread count, so a drift in machine speed cannot make one look
+    faster, nor one runtime's spinning threads slow the other: {seqL: {"threadsN": {"peer": {p50, p90}, "ours":
+    {p50, p90}}}}."""
+    peer_model = load_pytorch(peer) if peer["format"] == "pytorch" else None
     comparison: dict = {}
     for length in cfg.sequence_lengths:
         if length > min(peer["max_positions"], ours["max_positions"]):
             continue
-        runs_once = {"peer": runner(peer, length, 1, peer_model), "ours": runner(ours, length, 1)}
-        comparison[f"seq{length}"] = {"threads1": time_in_turn(runs_once, cfg.runs, cfg.warmup)}
+        comparison[f"seq{length}"] = {}
+        for threads in cfg.threads:
+            if peer_model is not None:
+                import torch
+
+                torch.set_num_threads(threads)  # the ONNX and OpenVINO runners pin their own
+            runs_once = {"peer": runner(peer, length, threads, peer_model), "ours": runner(ours, length, threads)}
+            comparison[f"seq{length}"][f"threads{threads}"] = time_in_blocks(runs_once, cfg.runs, cfg.warmup)
     return comparison
 
 
@@ -256,6 +263,8 @@ def measure_in_this_process(item: dict, cfg: BenchmarkConfig) -> dict:
         for threads in cfg.threads:
             if model is not None:
                 latency[key][f"threads{threads}"] = time_pytorch(model, length, threads, item["vocab_size"], cfg)
+            elif item["format"] == "openvino":
+                latency[key][f"threads{threads}"] = time_calls(runner(item, length, threads), cfg.runs, cfg.warmup)
             else:
                 latency[key][f"threads{threads}"] = time_onnx(item["path"], length, threads, item["vocab_size"], cfg,
                                                               option_set)
@@ -340,30 +349,46 @@ def optimized_int8_artifacts(root: Path, cfg: PipelineConfig, search: dict) -> l
     return items
 
 
-def peer_artifacts(root: Path, cfg: PipelineConfig) -> tuple[list[dict], dict[str, str]]:
+def peer_artifacts(root: Path, cfg: PipelineConfig, int8_search: dict | None = None) -> tuple[list[dict], dict[str, str]]:
     """The int8 paths a user would otherwise pick (export_peers), for each full-size architecture whose peers
-    benchmark.timed_full_size names; the torch peer's engine is chosen here, by timing every engine in turn. Their
-    "ours" is the architecture's onnx-int8-optimized graph, the one their latency is compared with. Returns the
-    peers and, by name, why a named one could not be built on this machine."""
+    benchmark.timed_full_size names; the torch peer's engine is chosen here, by timing every engine in turn; each
+    OpenVINO one twice, at precision f32 and at the runtime's default. Their "ours" is the architecture's
+    onnx-int8-optimized graph, the one their latency is compared with. openvino-ours-int8 runs our fastest static
+    int8 graph of the int8 search (`int8_search`). Returns the peers and, by name, why a named one could not be
+    built or run on this machine."""
     from pipeline.export import peers
 
     bcfg = cfg.benchmark
     items, skipped = [], {}
     for architecture in cfg.export.full_size.architectures:
-        named = [peer for peer in (peers.TORCH_PEER, peers.ORT_PEER)
+        named = [peer for peer in peers.BUILT_PEERS + (peers.OPENVINO_OURS,)
                  if f"{architecture}/{peer}" in bcfg.timed_full_size]
         if not named:
             continue
         folder = root / "full_size" / architecture
-        report_path = root / "peers" / architecture / "peers.json"
-        built = read_json(report_path)
-        skipped.update(built["skipped"])
         max_positions, vocab_size = model_shape(folder / "pytorch" / "config.json")
         shape = {"max_positions": max_positions, "vocab_size": vocab_size}
         ours = f"{architecture}/onnx-int8-optimized"
+        report_path = root / "peers" / architecture / "peers.json"
+        built = read_json(report_path) if set(named) & set(peers.BUILT_PEERS) else {"peers": {}, "skipped": {}}
+        skipped.update(built["skipped"])
         for peer in named:
             name = f"{architecture}/{peer}"
             if name in built["skipped"]:
+                continue
+            if peer == peers.OPENVINO_OURS:
+                graph = fastest_static_graph(int8_search) if architecture == "distilbert" and int8_search else None
+                if graph is None:
+                    skipped[name] = ("no static (qdq) int8 recipe of the full-size DistilBERT passed its gates in "
+                                     "the int8 search" if architecture == "distilbert" else
+                                     "only the full-size DistilBERT has the int8 search's static graphs")
+                    continue
+                path = folder / "onnx" / graph / "model.onnx"
+                for precision in peers.OPENVINO_PRECISIONS:
+                    item = artifact(f"{name}-{precision}", architecture, "openvino", f"int8-{precision}", path, **shape)
+                    item.update(peer_of=ours, openvino_precision=precision, recipe=graph,
+                                tool=peers.openvino_tool(peer, precision, graph))
+                    items.append(item)
                 continue
             if peer not in built["peers"]:
                 raise BenchmarkInputError(f"{report_path}: {peer} is named in benchmark.timed_full_size but was "
@@ -377,12 +402,27 @@ def peer_artifacts(root: Path, cfg: PipelineConfig) -> tuple[list[dict], dict[st
                 item.update(engine=search["choice"], engine_search=search, peer_of=ours,
                             tool=peers.torch_peer_tool(search["choice"]))
                 item["size_mb"] = recorded["size_mb_by_engine"][search["choice"]]  # its quantized state_dict
+                items.append(item)
+            elif peer == peers.OPENVINO_PEER:
+                for precision in peers.OPENVINO_PRECISIONS:
+                    item = artifact(f"{name}-{precision}", architecture, "openvino", f"int8-nncf-{precision}",
+                                    root / "peers" / architecture / recorded["path"], **shape)
+                    item.update(peer_of=ours, openvino_precision=precision, quantization=recorded["quantization"],
+                                size_mb=recorded["size_mb"], tool=peers.openvino_tool(peer, precision))
+                    items.append(item)
             else:
                 item = artifact(name, architecture, "onnx", recorded["precision"],
                                 root / "peers" / architecture / recorded["path"], **shape)
                 item.update(peer_of=ours, quantization=recorded["quantization"], tool=recorded["tool"])
-            items.append(item)
+                items.append(item)
     return items, skipped
+
+
+def fastest_static_graph(int8_search: dict) -> str | None:
+    """The static (qdq) recipe the int8 search timed fastest among those that passed their gates, or None."""
+    static = {name: candidate["latency_ms"] for name, candidate in int8_search["candidates"].items()
+              if candidate["recipe"]["format"] == "qdq"}
+    return fastest_first(static)[0] if static else None
 
 
 # ------------------------------------------------------------------------------------------------------ run
@@ -397,7 +437,7 @@ def run(cfg: PipelineConfig, root: Path, out_dir: Path) -> dict:
     int8_search = read_json(root / "int8_search" / "int8_search.json") if with_search else None
     if with_search:
         items += optimized_int8_artifacts(root, cfg, int8_search)
-    peer_items, peers_skipped = peer_artifacts(root, cfg)
+    peer_items, peers_skipped = peer_artifacts(root, cfg, int8_search)
     items += peer_items
     for item in items:
         if not item["timed"]:
@@ -426,10 +466,18 @@ def run(cfg: PipelineConfig, root: Path, out_dir: Path) -> dict:
         with tempfile.TemporaryDirectory() as traces:  # onnxruntime's profiler writes one trace file per session
             for name, path in profiled.items():
                 profiles[name] = profile_ops(path, longest, vocab_size, bcfg.profile_runs, Path(traces))
+        for item in peer_items:
+            if item["format"] == "openvino" and item["model"] == "distilbert" and item["timed"]:
+                from pipeline.export.peers import openvino_profile
+
+                # where OpenVINO's kernels win: beside the onnxruntime profiles above, on the same input
+                profiles[item["name"]], item["runtime_precision"] = openvino_profile(
+                    Path(item["path"]), item["openvino_precision"], longest, vocab_size, bcfg.profile_runs)
     metrics = {
         "machine": machine_description(),
         "settings": {"sequence_lengths": bcfg.sequence_lengths, "threads": bcfg.threads, "runs": bcfg.runs,
-                     "warmup": bcfg.warmup, "batch_size": 1},
+                     "warmup": bcfg.warmup, "batch_size": 1, "in_turn_block_runs": BLOCK_RUNS,
+                     "in_turn_settle_s": SETTLE_S},
         "artifacts": items,
         "int8_search": int8_search,
         "peers_skipped": peers_skipped,
@@ -445,7 +493,7 @@ def machine_description() -> dict:
     from importlib import metadata
 
     versions = {}
-    for name in ("onnxruntime", "torch", "transformers", "optimum", "coremltools", "onnx"):
+    for name in ("onnxruntime", "torch", "transformers", "optimum", "coremltools", "onnx", "openvino", "nncf"):
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:

@@ -6,6 +6,8 @@ benchmark can time them beside our int8 graph (pipeline.export.peers).
   torch-dynamic-int8      torch.ao dynamic int8 of every Linear layer; it quantizes at load time, on the engine set
                           then, so what is built here is its size on every quantized engine (the benchmark times
                           each engine and keeps the fastest)
+  openvino-nncf-int8      NNCF's post-training int8 of the plain fp32 export as an OpenVINO model, calibrated on the
+                          random windows our static recipes calibrate on: <peer>/openvino_model.xml (and .bin)
 Only the peers named (benchmark.timed_full_size) are built. peers.json records each built peer (path, precision,
 tool, settings or sizes) and, by name, why one could not be built on this machine (a CPU with no ORTQuantizer
 preset): the benchmark still runs without it.
@@ -19,15 +21,16 @@ from pathlib import Path
 from pipeline.artifacts import atomic_output_dir, atomic_write_json, read_json
 from pipeline.machine import cpu_description
 from pipeline.config import ConfigError, PipelineConfig
+from pipeline.export import full_size, int8
 from pipeline.export import peers as peer_paths
 
 logger = logging.getLogger(__name__)
 
 def run(cfg: PipelineConfig, full_size_dir: Path, peers: str, out_dir: Path) -> dict:
     peer_names = [name for name in peers.split(",") if name]
-    unknown = sorted(set(peer_names) - {peer_paths.TORCH_PEER, peer_paths.ORT_PEER})
+    unknown = sorted(set(peer_names) - set(peer_paths.BUILT_PEERS))
     if unknown:
-        raise ConfigError(f"--peers: unknown peers {unknown} (known: {peer_paths.TORCH_PEER}, {peer_paths.ORT_PEER})")
+        raise ConfigError(f"--peers: unknown peers {unknown} (known: {', '.join(peer_paths.BUILT_PEERS)})")
     architecture = read_json(full_size_dir / "full_size.json")["architecture"]
     built, skipped = {}, {}
     with atomic_output_dir(out_dir, cfg) as tmp:
@@ -48,6 +51,17 @@ def run(cfg: PipelineConfig, full_size_dir: Path, peers: str, out_dir: Path) -> 
                     "path": str(path.relative_to(tmp)), "precision": f"int8-ortquantizer-{preset}",
                     "quantization": settings,
                     "tool": f"optimum ORTQuantizer, AutoQuantizationConfig.{preset}(is_static=False)"}
+        if peer_paths.OPENVINO_PEER in peer_names:
+            fp32 = full_size_dir / "onnx" / "fp32" / "model.onnx"
+            vocab_size = read_json(full_size_dir / "pytorch" / "config.json")["vocab_size"]
+            calibration = int8.calibration_feeds(full_size.random_windows(vocab_size, cfg.seed + 1), fp32,
+                                                 full_size.PARITY_WINDOWS)
+            logger.info("building %s/%s with NNCF on %d calibration windows", architecture, peer_paths.OPENVINO_PEER,
+                        len(calibration))
+            path, settings = peer_paths.build_nncf_int8(fp32, tmp / peer_paths.OPENVINO_PEER, calibration)
+            built[peer_paths.OPENVINO_PEER] = {
+                "path": str(path.relative_to(tmp)), "precision": "int8-nncf", "quantization": settings,
+                "size_mb": peer_paths.openvino_model_megabytes(path)}
         metrics = {"architecture": architecture, "peers": built, "skipped": skipped}
         atomic_write_json(tmp / "peers.json", metrics)
     return metrics
