@@ -1,4 +1,5 @@
-"""Torch-free question answering on an app bundle: onnxruntime + tokenizers + numpy, nothing else.
+"""Torch-free question answering on an app bundle: onnxruntime + tokenizers + numpy, nothing else (an OpenVINO
+model, the bundle's x86 target, runs on the OpenVINO runtime instead: pipeline.openvino_session).
 
 This module is the specification an app port (Swift, Kotlin, JavaScript) follows, step by step:
   1. Tokenize question and context as a pair with the bundle's tokenizer.json: question first, the context
@@ -77,7 +78,7 @@ class QuestionAnswerer:
         if threads:  # pinned for reproducible timings; None lets onnxruntime use every core
             options.intra_op_num_threads = threads
             options.inter_op_num_threads = 1
-        self.session = _open_session(model_path, options)
+        self.session = _open_session(model_path, options, threads)
         unknown = {i.name for i in self.session.get_inputs()} - {"input_ids", "attention_mask", "token_type_ids"}
         if unknown:
             raise BundleError(f"{model_path}: unexpected model inputs {sorted(unknown)}")
@@ -220,15 +221,24 @@ def _read_tokenizer(tokenizer_path: str | Path) -> Tokenizer:
         raise BundleError(f"{tokenizer_path}: not a tokenizers JSON file ({str(error).splitlines()[0]})") from None
 
 
-def _open_session(model_path: str | Path, options: onnxruntime.SessionOptions) -> onnxruntime.InferenceSession:
-    """An onnxruntime session on the CPU; a missing, truncated or corrupted model file is a BundleError naming it."""
+def _open_session(model_path: str | Path, options: onnxruntime.SessionOptions, threads: int | None = None):
+    """An onnxruntime session on the CPU, or for an OpenVINO model (.xml) an OpenVinoSession with `threads`; a
+    missing, truncated or corrupted model file is a BundleError naming it."""
     if not Path(model_path).is_file():
         raise BundleError(f"{model_path}: model file not found")
+    openvino = Path(model_path).suffix == ".xml"
     try:
+        if openvino:
+            from pipeline.openvino_session import OpenVinoSession
+
+            return OpenVinoSession(model_path, threads)
         return onnxruntime.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
-    except Exception as error:  # onnxruntime raises its own Fail/InvalidProtobuf/InvalidGraph types
-        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise BundleError(f"{model_path}: not a loadable ONNX model ({reason})") from None
+    except Exception as error:  # onnxruntime raises its own Fail/InvalidProtobuf/InvalidGraph types, OpenVINO its own
+        # OpenVINO's messages open with the source file that raised: the first other line says what is wrong
+        lines = [line for line in str(error).splitlines() if line.strip() and not line.startswith("Exception from")]
+        reason = lines[0] if lines else type(error).__name__
+        kind = "OpenVINO" if openvino else "ONNX"
+        raise BundleError(f"{model_path}: not a loadable {kind} model ({reason})") from None
 
 
 def _pad_id(tokenizer: Tokenizer, tokenizer_path) -> int:

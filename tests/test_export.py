@@ -100,7 +100,7 @@ def test_int8_variants_store_8_bit_weights_including_the_word_embeddings(built):
 
     report = json.loads((built["quantized"] / "quantize.json").read_text())
     recipes = int8.int8_recipes(built["cfg"].export.quantize, report["settings"])
-    assert set(report["variants"]) == {*recipes, "int4"}
+    assert set(report["variants"]) == {*recipes, "int4", "openvino-int8"}
     naive = onnx.load(str(built["quantized"] / "int8" / "model.onnx"))
     initializers = {i.name: i for i in naive.graph.initializer}
     gathers = [n for n in naive.graph.node if n.op_type == "Gather" and n.input[0] in initializers]
@@ -122,7 +122,7 @@ def test_each_int8_recipe_builds_the_graph_it_names(built):
 
     report = json.loads((built["quantized"] / "quantize.json").read_text())
     n_layers = 2
-    ops = {name: v["ops"] for name, v in report["variants"].items()}
+    ops = {name: v["ops"] for name, v in report["variants"].items() if v.get("runtime") != "openvino"}
     assert ops["int8-fused-qoperator-channel-attfp32"].get("QAttention") == n_layers
     assert ops["int8-noattn-qoperator-channel-attfp32"].get("QAttention", 0) == 0
     assert ops["int8-noattn-qoperator-channel-attfp32"].get("SkipLayerNormalization") == 2 * n_layers
@@ -303,6 +303,48 @@ def test_bundle_holds_the_contract_files_and_a_complete_manifest(built):
     assert config["coreml"]["sequence_lengths"] == [64, 128]
     readme = (root / "README.md").read_text()
     assert "Worked example" in readme and "doc_stride" in readme
+
+
+def openvino_precision(path):
+    """What the default precision hint resolves to for `path` (run in a spawned process, as OpenVINO is here)."""
+    from pipeline.openvino_session import OpenVinoSession
+
+    return OpenVinoSession(path, 1).precision
+
+
+def test_the_x86_target_is_an_nncf_openvino_model_gated_on_its_own_answers(built):
+    """quantize_onnx builds it from the fp32 export, answers the gated questions through the OpenVINO runtime (the
+    answerer production uses), and records them; the bundle ships it in openvino/ when it passed and answers alike.
+    OpenVINO runs in spawned processes here, as in the stages (openvino_target.in_spawned_process)."""
+    from pipeline.export.openvino_target import in_spawned_process, predict
+
+    report = json.loads((built["quantized"] / "quantize.json").read_text())
+    x86 = report["variants"]["openvino-int8"]
+    xml = built["quantized"] / x86["path"]
+    assert x86["runtime"] == "openvino" and x86["path"] == "openvino-int8/openvino_model.xml"
+    assert x86["quantization"]["tool"] == "nncf.quantize" and x86["quantization"]["calibration_feeds"] > 0
+    assert x86["runtime_precision"] == in_spawned_process(openvino_precision, xml)
+    assert x86["verdict"] in ("proven", "unproven", "rejected") and set(x86["gates"]) >= {"f1_drop"}
+    assert report["bundle_choice"] != "openvino-int8"  # the ONNX bundle's choice is among the ONNX graphs
+    assert xml.with_suffix(".bin").is_file() and 0 < x86["size_mb"]
+    examples = dev_examples(built["data"])[:report["n_questions"]]
+    answers = in_spawned_process(predict, xml, xml.parent / "tokenizer.json", built["cfg"].squad, examples, 1)
+    recorded = json.loads((xml.parent / "predictions.json").read_text())
+    assert answers == {e["id"]: recorded[e["id"]] for e in examples}
+    bundle_dir = built["bundle"]
+    metrics = json.loads((bundle_dir / "metrics.json").read_text())
+    config = json.loads((bundle_dir / "qa_config.json").read_text())
+    if x86["passed"]:
+        assert config["openvino"] == {"model": "openvino/openvino_model.xml"}
+        assert {"openvino/openvino_model.xml", "openvino/openvino_model.bin"} <= set(verify_manifest(bundle_dir)["files"])
+        assert metrics["openvino_precision"] == x86["runtime_precision"] and metrics["openvino_size_mb"] > 0
+        assert "openvino/openvino_model.xml" in metrics["gate_verdicts"]
+        shipped = bundle_dir / config["openvino"]["model"]
+        assert in_spawned_process(predict, shipped, bundle_dir / "tokenizer.json", built["cfg"].squad, examples,
+                                  1) == answers
+    else:
+        assert config["openvino"] is None and not (bundle_dir / "openvino").exists()
+        assert metrics["rejected_by_gates"]["openvino"] == ["openvino-int8"]
 
 
 def test_the_bundle_leaves_out_rejected_coreml_packages_and_stops_when_none_passed(built, tmp_path):

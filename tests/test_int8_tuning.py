@@ -70,7 +70,7 @@ def test_the_fallback_puts_the_most_sensitive_layers_back_in_fp32_and_times_what
     fallback.recipes, fallback.max_layers = 1, 2
     fallback.target_f1_drop = -1.0  # out of reach (the schema's minimum is 0): every step is taken
     quantize = cfg.export.quantize
-    quantize.int4, quantize.latency_runs = False, 5
+    quantize.int4, quantize.latency_runs, quantize.openvino = False, 5, False  # the x86 target: test_export.py
     # The naive baseline and one dynamic per-channel recipe of the plain graph
     quantize.search_graphs, quantize.search_formats = ["plain"], ["qoperator"]
     quantize.search_per_channel, quantize.search_attention_int8 = [True], [False]

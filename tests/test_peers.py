@@ -81,27 +81,41 @@ def test_torch_peer_quantizes_every_linear_layer_on_each_engine(tiny_full_size):
     assert all(type(m) is not torch.ao.nn.quantized.dynamic.Linear for m in fp32.modules())  # original untouched
 
 
+def openvino_against_onnxruntime(openvino_path, onnx_path) -> dict:
+    """Per precision: what the hint resolved to and the largest logit difference from onnxruntime on the ONNX graph,
+    and OpenVINO's profile at f32 (run in a spawned process, as OpenVINO is here)."""
+    from pipeline.latency import onnx_session, synthetic_feed
+    from pipeline.openvino_session import OpenVinoSession
+
+    fp32, found = onnx_session(onnx_path, 1), {}
+    for precision in peers.OPENVINO_PRECISIONS:
+        session = OpenVinoSession(openvino_path, 1, precision)
+        feed = synthetic_feed(session, 48, 200)
+        pairs = list(zip(fp32.run(None, feed), session.run(None, feed)))
+        found[precision] = {"resolved": session.precision, "shapes_equal": all(a.shape == b.shape for a, b in pairs),
+                            "error": max(float(np.abs(a - b).max()) for a, b in pairs),
+                            "scale": max(float(np.abs(a).max()) for a, _ in pairs)}
+    found["profile"] = peers.openvino_profile(openvino_path, "f32", 48, 200, runs=2)
+    return found
+
+
 def test_nncf_peer_is_an_openvino_int8_model_that_keeps_the_answers_close(tiny_full_size, tmp_path):
     from pipeline.export.full_size import random_windows
     from pipeline.export.int8 import calibration_feeds
-    from pipeline.latency import onnx_session
+    from pipeline.export.openvino_target import OPENVINO_FILE, in_spawned_process
 
     fp32_path = tiny_full_size / "full_size" / "distilbert" / "onnx" / "fp32" / "model.onnx"
     calibration = calibration_feeds(random_windows(200, 1), fp32_path, 4)
     path, settings = peers.build_nncf_int8(fp32_path, tmp_path / "nncf", calibration)
-    assert path.name == peers.OPENVINO_FILE and path.with_suffix(".bin").is_file()
+    assert path.name == OPENVINO_FILE and path.with_suffix(".bin").is_file()
     assert settings["calibration_feeds"] == 4 and settings["model_type"] == "transformer"
-    fp32 = onnx_session(fp32_path, 1)
+    found = in_spawned_process(openvino_against_onnxruntime, path, fp32_path)
     for precision in peers.OPENVINO_PRECISIONS:
-        runner = peers.OpenVinoRunner(path, 1, precision)
-        assert precision == "default" or runner.precision == precision
-        feed = runner.synthetic_feed(48, 200)
-        for expected, got in zip(fp32.run(None, feed), runner.run(feed)):
-            assert got.shape == expected.shape
-            assert np.abs(expected - got).max() < 0.1 * np.abs(expected).max() + 0.05, precision
-    rows, resolved = peers.openvino_profile(path, "f32", 48, 200, runs=2)
+        cell = found[precision]
+        assert precision == "default" or cell["resolved"] == precision
+        assert cell["shapes_equal"] and cell["error"] < 0.1 * cell["scale"] + 0.05, precision
+    rows, resolved = found["profile"]
     assert resolved == "f32" and rows and all(row["ms_per_run"] >= 0 for row in rows)
-    assert abs(sum(row["share"] for row in rows) - 1) < 0.05 or len(rows) == 10
     assert any(row["op"].startswith("FullyConnected") for row in rows)  # the int8 GEMMs are OpenVINO's own layers
 
 

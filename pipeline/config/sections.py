@@ -393,6 +393,10 @@ class QuantizeConfig:
         None, "7-bit weights, avoiding int16 overflow in u8s8 kernels on AVX2 CPUs without VNNI (null: from target)."
     )
     int4: bool = option(True, "Also build a 4-bit weight-only graph (MatMulNBits; a stretch variant, not bundled).")
+    openvino: bool = option(
+        True, "Also build the x86 target: NNCF's post-training int8 of the fp32 graph as an OpenVINO model, "
+        "calibrated on the tuning questions, answered by the OpenVINO runtime at its default precision on this CPU "
+        "and gated like the ONNX variants; bundled in openvino/ when it ships (pipeline/export/openvino_target.py).")
     int4_block_size: int = option(16, "Weights per 4-bit quantization block (one float scale each).", minimum=16)
     int4_embeddings: bool = option(
         False,

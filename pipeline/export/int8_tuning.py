@@ -14,6 +14,8 @@
   timing        every variant timed in turn in one process, and each fallen-back recipe beside its graph
                 without the fallback: what the fallback costs in latency.
   choice        among the variants that ship, proven before unproven, accuracy before speed (int8.py).
+  x86 target    NNCF's int8 as an OpenVINO model (openvino_target.py), calibrated on the same tuning windows,
+                gated and timed in its own runtime; the bundle ships it beside the ONNX choice when it passes.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from pipeline.config import PipelineConfig
 from pipeline.export.int8 import (MODEL_FILE, Int8Recipe, activation_matmuls, calibration_feeds,
                                   choose_bundle_variant, copy_side_files, fp32_graph, int8_recipes,
                                   quantization_settings, quantize_int4, quantize_int8, weight_storage)
+from pipeline.export.openvino_target import OPENVINO_VARIANT, build_and_gate
 from pipeline.gates import GateQuestions, compressed_model_report
 from pipeline.latency import compare_latency
 from pipeline.machine import cpu_description
@@ -269,6 +272,12 @@ def search(onnx_dir: Path, data_dir: Path, out_dir: Path, cfg: PipelineConfig, q
     variants, f1_by_question = build_gate_and_time(onnx_dir, out_dir, cfg, settings, recipes, tuning, questions,
                                                    threads)
     choice, runner_up, decided_by = choose_bundle_variant(variants, f1_by_question, qcfg.latency_tie_fraction)
+    if qcfg.openvino and tuning is None:
+        left_out[OPENVINO_VARIANT] = tuned_on
+    elif qcfg.openvino:  # the x86 target, calibrated as the static recipes are; never the ONNX bundle's choice
+        calibration = calibration_feeds(tuning.windows, onnx_dir / "fp32" / MODEL_FILE, qcfg.calibration_windows)
+        variants[OPENVINO_VARIANT], _ = build_and_gate(onnx_dir, out_dir, calibration, questions, cfg, threads,
+                                                       qcfg.latency_runs)
     return {
         "settings": settings,
         "cpu": cpu_description(),

@@ -25,7 +25,6 @@ ORT_PEER = "onnx-ortquantizer-int8"
 ORT_PEER_FILE = "model_quantized.onnx"  # ORTQuantizer's name for its output (file suffix "quantized")
 OPENVINO_PEER = "openvino-nncf-int8"
 OPENVINO_OURS = "openvino-ours-int8"
-OPENVINO_FILE = "openvino_model.xml"  # with its weights beside it in openvino_model.bin
 OPENVINO_PRECISIONS = ("f32", "default")
 BUILT_PEERS = (TORCH_PEER, ORT_PEER, OPENVINO_PEER)  # what export_peers builds; OPENVINO_OURS reads our own graph
 
@@ -105,94 +104,38 @@ def torch_peer_megabytes(pytorch_dir: Path) -> dict[str, float]:
 
 
 def build_nncf_int8(fp32_onnx: Path, out_dir: Path, calibration: list[dict]) -> tuple[Path, dict]:
-    """NNCF's post-training int8 of the fp32 ONNX graph as an OpenVINO model in out_dir, calibrated on `calibration`
-    (batch-1 feeds, as our static recipes get); returns the model's path and the settings used."""
-    import nncf
-    import openvino
+    """The openvino-nncf-int8 peer: the x86 target's own build (pipeline.export.openvino_target.nncf_int8) on the
+    full-size fp32 graph."""
+    from pipeline.export.openvino_target import in_spawned_process, nncf_int8
 
-    model = openvino.convert_model(fp32_onnx)
-    quantized = nncf.quantize(model, nncf.Dataset(calibration), model_type=nncf.ModelType.TRANSFORMER,
-                              subset_size=len(calibration))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    openvino.save_model(quantized, out_dir / OPENVINO_FILE, compress_to_fp16=False)
-    settings = {"tool": "nncf.quantize", "nncf": _version("nncf"), "openvino": _version("openvino"),
-                "model_type": "transformer", "preset": "performance (nncf's default: symmetric int8)",
-                "calibration_feeds": len(calibration)}
-    return out_dir / OPENVINO_FILE, settings
-
-
-def openvino_model_megabytes(path: Path) -> float:
-    """Size of an OpenVINO model (the .xml and its .bin), or of an ONNX graph it reads, in MB = 10^6 bytes."""
-    files = [path, path.with_suffix(".bin")] if path.suffix == ".xml" else [path]
-    return round(sum(file.stat().st_size for file in files if file.is_file()) / 1e6, 3)
+    return in_spawned_process(nncf_int8, fp32_onnx, out_dir, calibration)
 
 
 def openvino_tool(peer: str, precision: str, graph: str | None = None) -> str:
+    from pipeline.export.openvino_target import version
+
     what = "NNCF post-training int8 of the fp32 graph" if peer == OPENVINO_PEER else f"our static int8 graph ({graph})"
-    return f"OpenVINO {_version('openvino')} runtime, {what}, precision hint {precision}"
-
-
-class OpenVinoRunner:
-    """An OpenVINO model compiled for the CPU with `threads` inference threads, one stream (latency), and the
-    precision hint (`default`: the runtime's own choice on this CPU); `precision` says what it resolved to;
-    `profile`: with the runtime's performance counters on."""
-
-    def __init__(self, path: str | Path, threads: int, precision: str, profile: bool = False):
-        import openvino
-
-        config = {"INFERENCE_NUM_THREADS": threads, "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY",
-                  "PERF_COUNT": profile}
-        if precision != "default":
-            config["INFERENCE_PRECISION_HINT"] = precision
-        self.compiled = openvino.Core().compile_model(str(path), "CPU", config)
-        self.precision = self.compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
-        self.request = self.compiled.create_infer_request()
-        self.inputs = {port.any_name: port.get_element_type().get_type_name() for port in self.compiled.inputs}
-
-    def synthetic_feed(self, sequence_length: int, vocab_size: int, seed: int = 0) -> dict:
-        """As pipeline.latency.synthetic_feed: every token attended, random ids, zero token types."""
-        import numpy as np
-
-        rng = np.random.default_rng(seed)
-        feed = {}
-        for name, element_type in self.inputs.items():
-            dtype = np.int32 if element_type == "i32" else np.int64
-            if name == "input_ids":
-                feed[name] = rng.integers(5, vocab_size, size=(1, sequence_length)).astype(dtype)
-            elif name == "attention_mask":
-                feed[name] = np.ones((1, sequence_length), dtype=dtype)
-            else:
-                feed[name] = np.zeros((1, sequence_length), dtype=dtype)
-        return feed
-
-    def run(self, feed: dict) -> list:
-        results = self.request.infer(feed)
-        return [results[output] for output in self.compiled.outputs]
+    return f"OpenVINO {version('openvino')} runtime, {what}, precision hint {precision}"
 
 
 def openvino_profile(path: Path, precision: str, sequence_length: int, vocab_size: int,
                      runs: int) -> tuple[list[dict], str]:
     """Time per (layer type, kernel) under OpenVINO's performance counters at 1 thread, largest first (the same
     rows as the onnxruntime profile of the benchmark), and the precision the hint resolved to."""
-    runner = OpenVinoRunner(path, 1, precision, profile=True)
-    feed = runner.synthetic_feed(sequence_length, vocab_size)
-    runner.run(feed)
+    from pipeline.latency import synthetic_feed
+    from pipeline.openvino_session import OpenVinoSession
+
+    session = OpenVinoSession(path, 1, precision, profile=True)
+    feed = synthetic_feed(session, sequence_length, vocab_size)
+    session.run(None, feed)
     per_op: dict[str, float] = {}
     for _ in range(runs):
-        runner.run(feed)
-        for layer in runner.request.profiling_info:
-            key = f"{layer.node_type} ({layer.exec_type})"
-            per_op[key] = per_op.get(key, 0.0) + layer.real_time.total_seconds() * 1000
+        session.run(None, feed)
+        for op, ms in session.profile().items():
+            per_op[op] = per_op.get(op, 0.0) + ms
     total = sum(per_op.values()) or 1.0
     ranked = sorted(per_op.items(), key=lambda item: -item[1])
     rows = [{"op": op, "ms_per_run": round(ms / runs, 3), "share": round(ms / total, 4)} for op, ms in ranked[:10]]
-    return rows, runner.precision
+    return rows, session.precision
 
 
-def _version(package: str) -> str | None:
-    from importlib import metadata
-
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None

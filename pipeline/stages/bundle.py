@@ -9,11 +9,13 @@ artifacts/bundle/
   qa_config.json            windowing and n-best settings, input/output names and types, file names
   README.md                 the contract for app developers, with a worked example from this build
   metrics.json              dev scores of the bundled model through the torch-free answerer
+  openvino/                 the x86 target when it passed its gates: NNCF's int8 as an OpenVINO model
+                            (openvino_model.xml + .bin), for desktops and servers with the OpenVINO runtime
   huggingface/              the same int8 graph in the Hugging Face layout (config.json, tokenizer files,
                             onnx/model_quantized.onnx) that transformers.js and optimum load as it is
   manifest.json             sha256 and bytes of every file, library versions, the hash of the config that built it
-The rule answers every dev question with the bundled ONNX and .ort models through pipeline/onnx_qa.py (no torch)
-and holds them to the int8 gates against the PyTorch student.
+The rule answers every dev question with the bundled ONNX, .ort (and OpenVINO) models through pipeline/onnx_qa.py
+(no torch) and holds them to the int8 gates against the PyTorch student.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from pipeline.artifacts import atomic_output_dir, atomic_write_json, directory_s
 from pipeline.manifests import config_sha256, files_manifest, library_versions, verify_input_dirs, verify_manifest
 from pipeline.config import PipelineConfig
 from pipeline.export.hf_layout import write_hf_layout
+from pipeline.export.openvino_target import OPENVINO_FILE, OPENVINO_VARIANT, in_spawned_process
+from pipeline.export.openvino_target import predict as openvino_predict
 from pipeline.gates import GateError, compressed_model_report, failure_lines, gate_questions, raise_for_failures
 from pipeline.model_card import bundle_card, write_model_card
 
@@ -43,7 +47,7 @@ def coreml_weights(variant: str, cfg: PipelineConfig) -> str:
         return COREML_WEIGHTS[variant] + " in the linear layers, float16 embedding tables"
     return COREML_WEIGHTS[variant]
 LIBRARIES = ("onnxruntime", "onnx", "optimum", "optimum-onnx", "transformers", "tokenizers", "torch", "coremltools",
-             "numpy")
+             "openvino", "nncf", "numpy")
 
 
 def convert_to_ort(onnx_path: Path, out_dir: Path) -> Path:
@@ -54,7 +58,8 @@ def convert_to_ort(onnx_path: Path, out_dir: Path) -> Path:
     return out_dir / onnx_path.with_suffix(".ort").name
 
 
-def qa_config(cfg: PipelineConfig, answerer: onnx_qa.QuestionAnswerer, coreml: dict, tokenizer_config: dict) -> dict:
+def qa_config(cfg: PipelineConfig, answerer: onnx_qa.QuestionAnswerer, coreml: dict, tokenizer_config: dict,
+              openvino_model: str | None = None) -> dict:
     session = answerer.session
     return {
         "format_version": 1,
@@ -81,6 +86,8 @@ def qa_config(cfg: PipelineConfig, answerer: onnx_qa.QuestionAnswerer, coreml: d
             "inputs": [{"name": i.name, "dtype": i.type, "shape": i.shape} for i in session.get_inputs()],
             "outputs": [{"name": o.name, "dtype": o.type, "shape": o.shape} for o in session.get_outputs()],
         },
+        # the x86 target: the same inputs and outputs as the ONNX graph; null when it did not ship
+        "openvino": None if openvino_model is None else {"model": openvino_model},
         "coreml": {
             "minimum_deployment_target": coreml["minimum_deployment_target"],
             "sequence_lengths": coreml["sequence_lengths"],
@@ -107,15 +114,16 @@ def shipped_coreml(coreml: dict, cfg: PipelineConfig, coreml_dir: Path) -> dict:
     return {**coreml, "packages": passed, "rejected": sorted(set(coreml["packages"]) - set(passed))}
 
 
-def gate_verdicts(reports: list[dict], coreml: dict) -> dict[str, dict]:
+def gate_verdicts(reports: dict[str, dict], coreml: dict) -> dict[str, dict]:
     """Each shipped file's verdict (proven or unproven) and, per gate, the dev questions that would decide an
-    unproven one: the ONNX and ORT graphs as scored here, the CoreML packages as export_coreml scored them."""
+    unproven one: the ONNX, ORT (and OpenVINO) models as scored here (`reports`, by their path in the bundle), the
+    CoreML packages as export_coreml scored them."""
     def verdict(gates: dict, overall: str | None) -> dict:
         return {"verdict": overall or "unscored",
                 "questions_to_decide": {name: gate["questions_to_decide"] for name, gate in gates.items()
                                         if gate.get("questions_to_decide")}}
 
-    found = {Path(report["name"]).name: verdict(report["gates"], report["verdict"]) for report in reports}
+    found = {file: verdict(report["gates"], report["verdict"]) for file, report in reports.items()}
     for name, package in coreml["packages"].items():
         dev = package.get("dev") or {}
         found[f"coreml/{package['path']}"] = verdict(dev.get("gates", {}), dev.get("verdict"))
@@ -156,6 +164,15 @@ def unproven_note(metrics: dict) -> str:
             "show it beyond noise (`manifest.json`: gate_verdicts).\n")
 
 
+def openvino_row(config: dict, metrics: dict) -> str:
+    """The README's row for the x86 target; nothing when it did not ship."""
+    if not config.get("openvino"):
+        return ""
+    return (f"| `{config['openvino']['model']}` (+ `.bin`) | OpenVINO int8 (NNCF), for x86 desktops and servers with "
+            f"the OpenVINO runtime; gated here at precision {metrics['openvino_precision']} for what is not int8 | "
+            f"{metrics['openvino_size_mb']} MB |\n")
+
+
 def app_readme(config: dict, metrics: dict, example: dict) -> str:
     onnx_inputs = ", ".join(f"`{i['name']}` ({i['dtype']}, {i['shape']})" for i in config["onnx"]["inputs"])
     coreml_inputs = ", ".join(f"`{i['name']}`" for i in config["coreml"]["inputs"]) or "(no CoreML variant built)"
@@ -170,7 +187,7 @@ Everything here runs on the device; `manifest.json` lists the sha256 of every fi
 |---|---|---|
 | `{ONNX_NAME}` | ONNX, 8-bit weights, for onnxruntime (desktop, web, React Native); the `{metrics['onnx_variant']}` variant, chosen by {metrics['onnx_decided_by']} | {metrics['onnx_size_mb']} MB |
 | `{ORT_NAME}` | the same graph in ORT format, for ONNX Runtime Mobile (Android, iOS); `model.int8.required_operators.config` lists its operators for a reduced-size runtime build | {metrics['ort_size_mb']} MB |
-{''.join(f"| `{path}` | CoreML mlprogram, {config['coreml']['weights'][variant]}, {config['coreml']['minimum_deployment_target']}+ | {metrics['coreml_size_mb'][variant]} MB |" + chr(10) for variant, path in config['coreml']['models'].items())}| `tokenizer.json`, `vocab.txt` | BERT WordPiece tokenizer (lower-case: {config['tokenizer']['lowercase']}, strip accents: {config['tokenizer']['strip_accents']}) | |
+{openvino_row(config, metrics)}{''.join(f"| `{path}` | CoreML mlprogram, {config['coreml']['weights'][variant]}, {config['coreml']['minimum_deployment_target']}+ | {metrics['coreml_size_mb'][variant]} MB |" + chr(10) for variant, path in config['coreml']['models'].items())}| `tokenizer.json`, `vocab.txt` | BERT WordPiece tokenizer (lower-case: {config['tokenizer']['lowercase']}, strip accents: {config['tokenizer']['strip_accents']}) | |
 | `qa_config.json` | every setting below, machine-readable | |
 
 Dev set of this build ({metrics['n_questions']} questions): exact match {metrics['exact_match']}, F1 {metrics['f1']}
@@ -241,22 +258,38 @@ def run(cfg: PipelineConfig, quantized_dir: Path, coreml_dir: Path, model_dir: P
         (tmp / "coreml").mkdir()
         for package in coreml["packages"].values():
             shutil.copytree(coreml_dir / package["path"], tmp / "coreml" / package["path"])
+        shipped = {"onnx": tmp / ONNX_NAME, "ort": ort_path}
+        x86 = quantized["variants"].get(OPENVINO_VARIANT)
+        if x86 and x86["passed"]:
+            (tmp / "openvino").mkdir()
+            model_xml = quantized_dir / x86["path"]
+            for path in (model_xml, model_xml.with_suffix(".bin")):
+                shutil.copy(path, tmp / "openvino" / path.name)
+            shipped["openvino"] = tmp / "openvino" / OPENVINO_FILE
 
         reports, predictions = [], {}
-        for name, path in (("onnx", tmp / ONNX_NAME), ("ort", ort_path)):
-            answerer = onnx_qa.QuestionAnswerer.with_squad_settings(path, tmp / "tokenizer.json", cfg.squad, threads=1)
-            predictions[name] = answerer.predict(examples)
-            reports.append(compressed_model_report(f"{out_dir}/{path.name}", predictions[name], pytorch_predictions,
+        for name, path in shipped.items():
+            if name == "openvino":
+                predictions[name] = in_spawned_process(openvino_predict, path, tmp / "tokenizer.json", cfg.squad,
+                                                       examples, 1)
+            else:
+                answerer = onnx_qa.QuestionAnswerer.with_squad_settings(path, tmp / "tokenizer.json", cfg.squad,
+                                                                        threads=1)
+                predictions[name] = answerer.predict(examples)
+            reports.append(compressed_model_report(f"{out_dir}/{path.relative_to(tmp)}", predictions[name],
+                                                   pytorch_predictions,
                                                    gold, pytorch_f1, cfg.export.gates.min_answer_agreement,
                                                    cfg.export.gates.max_f1_drop, cfg.export.gates.strict))
         raise_for_failures(reports, str(out_dir))
         answerer = onnx_qa.QuestionAnswerer.with_squad_settings(tmp / ONNX_NAME, tmp / "tokenizer.json", cfg.squad,
                                                                 threads=1)
         tokenizer_config = read_json(source / "tokenizer_config.json") if (source / "tokenizer_config.json").is_file() else {}
-        config = qa_config(cfg, answerer, coreml, tokenizer_config)
+        config = qa_config(cfg, answerer, coreml, tokenizer_config,
+                           f"openvino/{OPENVINO_FILE}" if "openvino" in shipped else None)
         atomic_write_json(tmp / "qa_config.json", config)
         onnx_report = reports[0]
-        verdicts = gate_verdicts(reports, coreml)
+        verdicts = gate_verdicts({str(path.relative_to(tmp)): report for path, report in zip(shipped.values(), reports)},
+                                 coreml)
         metrics = {
             "onnx_variant": choice,
             "onnx_runner_up": quantized["runner_up"],
@@ -265,12 +298,17 @@ def run(cfg: PipelineConfig, quantized_dir: Path, coreml_dir: Path, model_dir: P
             "ort_size_mb": megabytes(directory_size_bytes(ort_path)),
             "coreml_size_mb": {variant: megabytes(directory_size_bytes(tmp / "coreml" / package["path"]))
                                for variant, package in coreml["packages"].items()},
-            "rejected_by_gates": {"onnx_int8": quantized.get("rejected", []), "coreml": coreml["rejected"]},
+            "rejected_by_gates": {"onnx_int8": [name for name in quantized.get("rejected", []) if name != OPENVINO_VARIANT],
+                                  "coreml": coreml["rejected"],
+                                  "openvino": [OPENVINO_VARIANT] if x86 and not x86["passed"] else []},
             "n_questions": len(examples),
             "exact_match": onnx_report["exact_match"],
             "f1": onnx_report["f1"],
             "pytorch_f1": pytorch_f1,
-            "answer_agreement_with_pytorch": {"onnx": reports[0]["answer_agreement"], "ort": reports[1]["answer_agreement"]},
+            "answer_agreement_with_pytorch": {name: report["answer_agreement"] for name, report in zip(shipped, reports)},
+            "openvino_size_mb": (megabytes(directory_size_bytes(tmp / "openvino")) if "openvino" in shipped
+                                 else None),
+            "openvino_precision": x86["runtime_precision"] if "openvino" in shipped else None,
             "ort_answers_equal_onnx": sum(predictions["ort"][k] == v for k, v in predictions["onnx"].items()) / len(examples),
             "gate_verdicts": verdicts,
             "unproven": sorted(name for name, verdict in verdicts.items() if verdict["verdict"] == "unproven"),

@@ -22,6 +22,7 @@ from pipeline.artifacts import atomic_output_dir, atomic_write_json, read_json
 from pipeline.machine import cpu_description
 from pipeline.config import ConfigError, PipelineConfig
 from pipeline.export import full_size, int8
+from pipeline.export.openvino_target import model_megabytes
 from pipeline.export import peers as peer_paths
 
 logger = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ def run(cfg: PipelineConfig, full_size_dir: Path, peers: str, out_dir: Path) -> 
             path, settings = peer_paths.build_nncf_int8(fp32, tmp / peer_paths.OPENVINO_PEER, calibration)
             built[peer_paths.OPENVINO_PEER] = {
                 "path": str(path.relative_to(tmp)), "precision": "int8-nncf", "quantization": settings,
-                "size_mb": peer_paths.openvino_model_megabytes(path)}
+                "size_mb": model_megabytes(path)}
         metrics = {"architecture": architecture, "peers": built, "skipped": skipped}
         atomic_write_json(tmp / "peers.json", metrics)
     return metrics

@@ -119,10 +119,12 @@ def gate_verdicts(root: Path, cfg: PipelineConfig) -> list[dict]:
                          "n_questions": export.get("n_questions")})
         quantized = read_json(root / "quantized" / model / "quantize.json")
         for name, variant in quantized["variants"].items():
-            rows.append({"model": model, "variant": f"onnx-{name}", "gates": variant["gates"],
+            openvino = variant.get("runtime") == "openvino"  # the x86 target: bundled in openvino/ when it passes
+            rows.append({"model": model, "variant": name if openvino else f"onnx-{name}", "gates": variant["gates"],
                          "passed": variant["passed"], "verdict": variant.get("verdict"),
                          "fell_back": variant.get("fallback", {}).get("fell_back", []),
-                         "shipped": model == shipped_model and name == quantized["bundle_choice"],
+                         "shipped": model == shipped_model and (variant["passed"] if openvino
+                                                                else name == quantized["bundle_choice"]),
                          "n_questions": quantized.get("n_questions")})
         coreml = read_json(root / "coreml" / model / "coreml.json")
         for name, package in coreml["packages"].items():
