@@ -166,7 +166,8 @@ def variant_row(variant: dict) -> dict:
             "tuning_f1_drop_before": (fallback.get("before") or {}).get("f1_drop"),
             "tuning_f1_drop_after": (fallback.get("after") or {}).get("f1_drop"),
             "fell_back": fallback.get("fell_back"), "latency_ms_p50": (variant.get("latency_ms") or {}).get("p50"),
-            "fallback_latency_cost_ms_p50": fallback.get("latency_cost_ms_p50")}
+            "fallback_latency_cost_ms_p50": fallback.get("latency_cost_ms_p50"),
+            "runtime": variant.get("runtime", "onnxruntime"), "runtime_precision": variant.get("runtime_precision")}
 
 
 def record(work: Path, prepared: dict, ran: dict, out: Path) -> dict:
@@ -192,8 +193,9 @@ def record(work: Path, prepared: dict, ran: dict, out: Path) -> dict:
         "int8_shipped": quantized["bundle_choice"], "int8_decided_by": quantized["decided_by"],
         "coreml": {name: variant_row({**package["dev"], "fallback": package.get("fallback")})
                    for name, package in coreml["packages"].items()},
-        "bundle": None if bundle is None else {key: bundle[key] for key in ("onnx_variant", "f1", "pytorch_f1",
-                                                                              "unproven", "rejected_by_gates")},
+        "bundle": None if bundle is None else {key: bundle.get(key) for key in (
+            "onnx_variant", "f1", "pytorch_f1", "unproven", "rejected_by_gates", "openvino_size_mb",
+            "openvino_precision")},
     }
     atomic_write_json(out, result)
     return result

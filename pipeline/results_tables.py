@@ -295,6 +295,8 @@ def real_model_table(run: dict) -> str:
              "|---|---|---|---|---|---|---|---|"]
     shipped = {run["int8_shipped"]} | {f"coreml-{name}" for name in (run.get("coreml") or {})
                                        if run["coreml"][name]["verdict"] != "rejected"}
+    shipped |= {name for name, row in run["int8"].items()  # the x86 target ships beside the ONNX choice
+                if row.get("runtime") == "openvino" and row["verdict"] != "rejected"}
     rows = [*run["int8"].items(), *((f"coreml-{name}", row) for name, row in (run.get("coreml") or {}).items())]
     for name, row in rows:
         low, high = row["f1_drop_interval"]
@@ -308,6 +310,8 @@ def real_model_table(run: dict) -> str:
             fallback = f"none ({number(row['tuning_f1_drop_before'])})"
         cost = "" if row.get("fallback_latency_cost_ms_p50") is None else f"{row['fallback_latency_cost_ms_p50']:+.1f} ms"
         label = f"**{name}** (shipped)" if name in shipped else name
+        if row.get("runtime") == "openvino":
+            label += f" (OpenVINO, {row['runtime_precision']})"
         lines.append(f"| {label} | {row['f1']:.1f} | {row['f1_drop']:.2f} [{low:.2f}, {high:.2f}] | {verdict} | "
                      f"{row['answer_agreement']:.3f} | {fallback} | {number(row.get('latency_ms_p50'), 1)} | {cost} |")
     return "\n".join(lines)
