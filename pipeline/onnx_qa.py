@@ -306,8 +306,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context", help="the text to answer from")
     parser.add_argument("--json", type=Path, help="many questions: a JSON list of {id, question, context} or SQuAD file")
     parser.add_argument("--out", type=Path, help="with --json: write {id: answer} here instead of stdout")
-    parser.add_argument("--model", help="another ONNX file of the bundle (default: qa_config.json's onnx.model)")
-    parser.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
+    parser.add_argument("--model", help="another model of the bundle: an ONNX or .ort file, or the x86 target "
+                        "openvino/openvino_model.xml (default: qa_config.json's onnx.model)")
+    parser.add_argument("--threads", type=int, default=None, help="intra-op threads of the runtime")
     args = parser.parse_args(argv)
     if (args.json is None) == (args.question is None or args.context is None):
         parser.error("give --question and --context, or --json")
