@@ -164,6 +164,16 @@ def runs_table(runs: list[dict]) -> str:
                         ("distilbert/pytorch-fp32", "full-size DistilBERT PyTorch fp32, seq 384, 1 thread, ms"),
                         ("bert-base/pytorch-fp32", "full-size BERT-base PyTorch fp32, seq 384, 1 thread, ms")):
         row(label, [number(p50(artifact(run["summary"], name), 384), 1) if run["summary"] else "n/a" for run in runs])
+
+    def floor_ratios(run: dict) -> tuple[float | None, float | None]:
+        """The searched onnxruntime graph's and the fastest OpenVINO entry's p50 over the GEMM floor."""
+        floor = (run["summary"] or {}).get("gemm_floor") or {}
+        openvino = [value for value in (floor.get("openvino") or {}).values() if value is not None]
+        return floor.get("ratio"), min(openvino) if openvino else None
+
+    row("full-size DistilBERT int8 / its int8 GEMM floor, onnxruntime (goal <= 1.35)",
+        [number(floor_ratios(run)[0], 2) for run in runs])
+    row("the same, fastest OpenVINO int8 (x86 target)", [number(floor_ratios(run)[1], 2) for run in runs])
     row("commit", [f"`{run['commit'][:10]}`" for run in runs])
     return "\n".join(lines)
 
@@ -309,9 +319,9 @@ def real_model_table(run: dict) -> str:
         elif row.get("tuning_f1_drop_before") is not None:
             fallback = f"none ({number(row['tuning_f1_drop_before'])})"
         cost = "" if row.get("fallback_latency_cost_ms_p50") is None else f"{row['fallback_latency_cost_ms_p50']:+.1f} ms"
-        label = f"**{name}** (shipped)" if name in shipped else name
-        if row.get("runtime") == "openvino":
-            label += f" (OpenVINO, {row['runtime_precision']})"
+        runtime = f"OpenVINO, {row['runtime_precision']}" if row.get("runtime") == "openvino" else ""
+        label = (f"**{name}** ({'; '.join(filter(None, [runtime, 'shipped']))})" if name in shipped
+                 else f"{name} ({runtime})" if runtime else name)
         lines.append(f"| {label} | {row['f1']:.1f} | {row['f1_drop']:.2f} [{low:.2f}, {high:.2f}] | {verdict} | "
                      f"{row['answer_agreement']:.3f} | {fallback} | {number(row.get('latency_ms_p50'), 1)} | {cost} |")
     return "\n".join(lines)
@@ -329,7 +339,11 @@ def blocks(runs: list[dict], real_model_runs: list[dict] | None = None) -> dict[
     none = "No reference run is committed."
     text["headline"] = headline(headline_run) if headline_run else none
     text["artifacts"] = artifacts_table(headline_run) if headline_run else none
-    text["peers"] = peers_table(headline_run) if headline_run else none
+    # The peers of every run that timed them, each under its CPU: which runtime is ahead depends on it.
+    with_peers = [run for run in finished if run["summary"].get("peers")]
+    text["peers"] = ("\n\n".join(f"**{cpu_label(run)}**, SIMD {run['simd']} (`results/{run['name']}/`):\n\n"
+                                 f"{peers_table(run)}"
+                                 for run in with_peers) if with_peers else none)
     text["quickstart"] = quickstart(runs) if runs else none
     text["claims"] = claims(runs)
     studied = [run for run in runs if run.get("study")]
