@@ -9,8 +9,8 @@ memory (Snakemake's benchmark TSVs, the stages' metrics.json, and each process's
 tokenizing speed to compare with. On the largest size distill_pretrain runs once more as 2 DDP processes (gloo).
 Writes one JSON with the goals evaluated, and prints a table.
 
-    .venv/bin/python benchmarks/corpus_scale.py --sizes-gb 0.3 1.0            # the evidence
-    .venv/bin/python benchmarks/corpus_scale.py --sizes-gb 0.005 0.01 --cores 2 --out /tmp/corpus_scale.json
+    .venv/bin/python -m benchmarks.corpus_scale --sizes-gb 0.3 1.0            # the evidence
+    .venv/bin/python -m benchmarks.corpus_scale --sizes-gb 0.005 0.01 --cores 2 --out /tmp/corpus_scale.json
 
 Corpora and pipeline outputs go under --work-dir (default artifacts/corpus_scale, ignored by git). A corpus file
 is reused when its size and seed match; each size's pipeline outputs are deleted first, so every rule runs under

@@ -32,11 +32,11 @@ run, and the JSON is written after each check (a run stopped by a time limit kee
 (`--device cpu`, a smoke run of the script with small shapes) the packed attention takes its grid path.
 
     One GPU, the paper's shape (about a minute):
-      python benchmarks/cuda_equivalence.py --out benchmarks/results/cuda_equivalence.json
+      python -m benchmarks.cuda_equivalence --out benchmarks/results/cuda_equivalence.json
     torch.compile against eager too (about a minute more on an H200):
-      python benchmarks/cuda_equivalence.py --checks fp32,bf16,attention_dropout,host_syncs,compile --out ...
+      python -m benchmarks.cuda_equivalence --checks fp32,bf16,attention_dropout,host_syncs,compile --out ...
     CPU smoke run:
-      .venv/bin/python benchmarks/cuda_equivalence.py --device cpu --teacher-layers 2 --student-layers 1 \
+      .venv/bin/python -m benchmarks.cuda_equivalence --device cpu --teacher-layers 2 --student-layers 1 \
         --hidden 64 --intermediate 128 --heads 4 --seq-len 64 --max-tokens 512 --chunked-loss-rows 128 \
         --packed-multiple 32 --out /tmp/cuda_equivalence_cpu.json
 """
@@ -60,10 +60,7 @@ import torch
 import transformers
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from distill_throughput import (  # noqa: E402
+from benchmarks.distill_throughput import (
     BertTokenIds,
     add_model_shape_arguments,
     random_corpus,

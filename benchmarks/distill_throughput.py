@@ -20,12 +20,12 @@ time per kernel class.
 
     CPU smoke run (a 4-layer, 256-wide teacher and a 2-layer student, paper settings scaled down; under 3 minutes
     on 2 shared cores):
-      .venv/bin/python benchmarks/distill_throughput.py --device cpu --threads 2 --workers 0 --teacher-layers 4 \
+      .venv/bin/python -m benchmarks.distill_throughput --device cpu --threads 2 --workers 0 --teacher-layers 4 \
         --student-layers 2 --hidden 256 --intermediate 1024 --heads 4 --seq-len 128 --max-tokens 512 \
         --chunked-loss-rows 256 --packed-multiple 64 --warmup 1 --steps 3 --repeats 3 --profile-steps 2 \
         --gemm-min-seconds 0.05 --out benchmarks/results/distill_throughput_cpu.json
     One GPU at the paper's shape (3 rounds of 3 + 50 steps by default):
-      python benchmarks/distill_throughput.py --device cuda --workers 6 \
+      python -m benchmarks.distill_throughput --device cuda --workers 6 \
         --out benchmarks/results/distill_throughput_paper_cuda.json
 
 What the JSON holds:

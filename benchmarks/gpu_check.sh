@@ -34,6 +34,8 @@ OUT=${1:-benchmarks/results/gpu_check}
 PYTHON=${PYTHON:-python}
 WHEELS=${WHEELS:-benchmarks/wheels}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# The benchmarks run as modules of the project (python -m benchmarks.<name>), from wherever this is called.
+export PYTHONPATH="$(dirname "$HERE")${PYTHONPATH:+:$PYTHONPATH}"
 mkdir -p "$OUT"
 : > "$OUT/steps.tsv"
 
@@ -96,11 +98,11 @@ with open(sys.argv[1], "w") as handle:
 print(json.dumps(record))
 EOF
 
-run_step gemm "$LIMIT_GEMM" "$PYTHON" "$HERE/loss_paths.py" "${DEVICE[@]}" "${SHAPE[@]}" --parts gemm \
+run_step gemm "$LIMIT_GEMM" "$PYTHON" -m benchmarks.loss_paths "${DEVICE[@]}" "${SHAPE[@]}" --parts gemm \
     "${GEMM_ARGS[@]}" --out "$OUT/vocabulary_gemms.json"
-run_step cuda_equivalence "$LIMIT_EQUIVALENCE" "$PYTHON" "$HERE/cuda_equivalence.py" "${DEVICE[@]}" "${SHAPE[@]}" \
+run_step cuda_equivalence "$LIMIT_EQUIVALENCE" "$PYTHON" -m benchmarks.cuda_equivalence "${DEVICE[@]}" "${SHAPE[@]}" \
     --checks fp32,bf16,attention_dropout,host_syncs "${EQUIVALENCE_ARGS[@]}" --out "$OUT/cuda_equivalence.json"
-run_step loss_paths "$LIMIT_PATHS" "$PYTHON" "$HERE/loss_paths.py" "${DEVICE[@]}" "${SHAPE[@]}" \
+run_step loss_paths "$LIMIT_PATHS" "$PYTHON" -m benchmarks.loss_paths "${DEVICE[@]}" "${SHAPE[@]}" \
     --parts throughput,profile,convergence "${PATHS_ARGS[@]}" --out "$OUT/loss_paths.json"
 
 "$PYTHON" - "$OUT" "$DRY_RUN" <<'EOF'

@@ -7,7 +7,7 @@ its Python stack. Each one is attributed to an optimizer step of the training lo
 `step`) or to the stage outside the loop, and located by the innermost frame of pipeline/ and the innermost frame
 of any library. Writes JSON: the host syncs of each loop step apart from the log reads, and where they happen.
 
-    python benchmarks/host_syncs.py --out syncs.json -- distill-pretrain --config-json '...' --student-dir ...
+    python -m benchmarks.host_syncs --out syncs.json -- distill-pretrain --config-json '...' --student-dir ...
 
 The arguments after `--` are those of `python -m pipeline` (the rule's command line, see rules/*.smk).
 """

@@ -23,9 +23,9 @@ teacher, one student and, with `--compile`, the same compiled encoders; only the
 The JSON is written after each part, so a run stopped by a time limit keeps the parts it finished.
 
     One H200 (inside benchmarks/gpu_check.sh):
-      python benchmarks/loss_paths.py --device cuda --compile --out results/loss_paths.json
+      python -m benchmarks.loss_paths --device cuda --compile --out results/loss_paths.json
     CPU dry run at tiny shapes:
-      python benchmarks/loss_paths.py --device cpu --teacher-layers 2 --student-layers 1 --hidden 32 \\
+      python -m benchmarks.loss_paths --device cpu --teacher-layers 2 --student-layers 1 --hidden 32 \\
         --intermediate 64 --heads 2 --seq-len 32 --max-tokens 256 --chunked-loss-rows 64 --packed-multiple 16 \\
         --warmup 1 --steps 2 --rounds 2 --profile-steps 1 --convergence-steps 4 --convergence-max-tokens 128 \\
         --vocabularies 30522,30528 --gemm-min-seconds 0.001 --out /tmp/loss_paths.json
@@ -49,10 +49,7 @@ import numpy as np
 import torch
 import transformers
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from distill_throughput import (  # noqa: E402
+from benchmarks.distill_throughput import (
     LOSS_PATHS,
     PAPER_CONFIG,
     GpuTelemetry,

@@ -7,8 +7,8 @@ setup.sh installs it, nothing is downloaded at run time), fine-tunes it for ques
 real SQuAD 2.0 dev sample in ../shared/data, writes the held-out part as a user's dev file, and runs
 docs/deploy.md's offline command on the two, exactly as written:
 
-    .venv/bin/python benchmarks/real_model_deploy.py --work /tmp/real-deploy
-    .venv/bin/python benchmarks/real_model_deploy.py --work /tmp/real-deploy --record results/<run>/real_model.json
+    .venv/bin/python -m benchmarks.real_model_deploy --work /tmp/real-deploy
+    .venv/bin/python -m benchmarks.real_model_deploy --work /tmp/real-deploy --record results/<run>/real_model.json
 
 The split is by paragraph, within each article (a question and its context are never on both sides): the
 paragraphs whose index is 0 or 1 modulo 4 train, the others are the dev file. configs/deploy.yaml's gates score

@@ -1,21 +1,10 @@
 """benchmarks/corpus_scale.py without Snakemake: reading the pipeline's files, and the goals."""
 
-import importlib.util
 import json
 
 import pytest
 
-from tests.conftest import PROJECT_ROOT
-
-
-def load_benchmark():
-    spec = importlib.util.spec_from_file_location("corpus_scale", PROJECT_ROOT / "benchmarks" / "corpus_scale.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-corpus_scale = load_benchmark()
+from benchmarks import corpus_scale
 
 
 # --------------------------------------------------------------------------------------------- the pipeline's files

@@ -1,27 +1,14 @@
 """benchmarks/cuda_equivalence.py on the CPU (its smoke shapes): the checks pass on the real packed path, fail on a
 broken one, and the JSON holds what each check measured."""
 
-import importlib.util
 import json
-import sys
 
 import pytest
 import torch
 
 import pipeline.packed_encoder
-from tests.conftest import PROJECT_ROOT
+from benchmarks import cuda_equivalence as script
 
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("cuda_equivalence",
-                                                  PROJECT_ROOT / "benchmarks" / "cuda_equivalence.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-script = load_script()
 SMOKE = ["--device", "cpu", "--teacher-layers", "2", "--student-layers", "1", "--hidden", "32", "--intermediate", "64",
          "--heads", "4", "--seq-len", "48", "--max-tokens", "384", "--chunked-loss-rows", "96",
          "--packed-multiple", "32", "--checks", "fp32,bf16,attention_dropout,host_syncs"]

@@ -5,7 +5,6 @@ converted to CoreML, gated, bundled, and answered by the torch-free Python answe
 
 The stages run as the deploy DAG runs them (rules/export.smk), once per type for the whole module."""
 
-import importlib.util
 import json
 import shutil
 
@@ -155,9 +154,7 @@ def test_the_coreml_wrapper_matches_the_model_and_its_fp16_mask_stays_finite(dep
 @pytest.mark.skipif(shutil.which("node") is None or not (CLIENT / "node_modules" / "onnxruntime-web").is_dir(),
                     reason="Node.js or clients/web/node_modules is missing (install Node 20, then `npm ci` in clients/web)")
 def test_the_javascript_client_gives_the_python_answerers_windows_token_types_and_answers(deployed, tmp_path):
-    spec = importlib.util.spec_from_file_location("check_parity", CLIENT / "scripts" / "check_parity.py")
-    check_parity = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(check_parity)
+    from clients.web.scripts import check_parity
     questions = tmp_path / "questions.json"
     questions.write_text(json.dumps(dev_examples(deployed["data"])))
     report = check_parity.parity(deployed["bundle"], questions, ["node", "web"])

@@ -2,9 +2,7 @@
 FlopCounterMode on a forward and backward of the stage's real modules), the GEMM shapes of a step, the kernel
 classes of a profile, and the JSON a tiny CPU run writes (its keys, the interleaved order of its repeats)."""
 
-import importlib.util
 import json
-import sys
 import time
 
 import numpy as np
@@ -18,20 +16,8 @@ from pipeline.chunked_lm_loss import ChunkLayout
 from pipeline.config import DistillPretrainConfig
 from pipeline.mlm import MaskedBatchCollator
 from pipeline.stages.distill_pretrain import distillation_terms
+from benchmarks import distill_throughput as bench
 from pipeline.students import freeze, init_student_from_teacher, student_config_from_teacher
-from tests.conftest import PROJECT_ROOT
-
-
-def load_benchmark():
-    spec = importlib.util.spec_from_file_location("distill_throughput",
-                                                  PROJECT_ROOT / "benchmarks" / "distill_throughput.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses and pickling look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = load_benchmark()
 
 
 # ------------------------------------------------------------------------------------------------ FLOP count

@@ -2,7 +2,6 @@
 under one folder, so a lent GPU's minutes go to measuring, not to debugging the script. And the loss-path
 benchmark's verdict on the convergence runs."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -13,16 +12,7 @@ import pytest
 from tests.conftest import PROJECT_ROOT
 
 
-def load_script():
-    sys.path.insert(0, str(PROJECT_ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("loss_paths", PROJECT_ROOT / "benchmarks" / "loss_paths.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-loss_paths = load_script()
+from benchmarks import loss_paths
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@
 Skips with the reason where Node.js, the client's npm packages or Chromium are missing; `.ci/run` installs them.
 """
 
-import importlib.util
 import json
 import os
 import shutil
@@ -61,14 +60,7 @@ def fuzz_texts(n: int, seed: int = 0) -> list[str]:
     return ["".join(rng.choice(FUZZ_PIECES) for _ in range(rng.randint(1, 25))) for _ in range(n)]
 
 
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name, CLIENT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-check_parity = load_script("check_parity")
+from clients.web.scripts import check_parity  # noqa: E402  (a namespace package: no __init__.py in clients/)
 
 
 @pytest.fixture(scope="module")
