@@ -21,7 +21,6 @@ import json
 import logging
 import multiprocessing
 import os
-import resource
 import shutil
 import socket
 import time
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 
+from pipeline.machine import high_water_mark_mb, largest_child_peak_mb
 from pipeline.manifests import read_manifest
 from pipeline.config import ConfigError, DataConfig
 from pipeline.data_sources import looks_like_a_path
@@ -350,8 +350,8 @@ def _count_prefix(piece_path: str, dtype: np.dtype, n_ids: int, vocab_size: int)
 def peak_rss_mb() -> dict:
     """Peak resident memory of this process and of its largest child (the tokenizing workers), in MB."""
     return {
-        "self": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-        "largest_child": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1),
+        "self": round(high_water_mark_mb() or 0.0, 1),
+        "largest_child": round(largest_child_peak_mb(), 1),
     }
 
 

@@ -5,6 +5,8 @@ process's peak resident memory as the kernel counts it.
 from __future__ import annotations
 
 import os
+import resource
+import sys
 from pathlib import Path
 
 from pipeline.artifacts import atomic_write_json, read_json
@@ -38,13 +40,24 @@ def stamp_machine(metrics_path: Path) -> None:
 
 
 def high_water_mark_mb(pid: int | str = "self") -> float | None:
-    """A process's resident-memory high-water mark in MB (the kernel's VmHWM, which only grows), None where /proc
-    has no such figure. VmHWM, not getrusage: rusage keeps the parent's peak from before exec, which would charge
-    a worker with its parent's memory."""
+    """A process's resident-memory high-water mark in MB (the kernel's VmHWM, which only grows); without /proc
+    (macOS), this process's own peak from getrusage, None for another one. The one reader of peak memory, with
+    largest_child_peak_mb. VmHWM, not getrusage: rusage keeps the parent's peak from before exec, which would
+    charge a worker with its parent's memory."""
     status = Path(f"/proc/{pid}/status")
     if not status.is_file():
-        return None
+        return _rusage_mb(resource.RUSAGE_SELF) if pid == "self" else None
     for line in status.read_text().splitlines():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024  # kB
     return None
+
+
+def largest_child_peak_mb() -> float:
+    """The largest resident-memory peak among this process's finished children (workers that have exited), in MB."""
+    return _rusage_mb(resource.RUSAGE_CHILDREN)
+
+
+def _rusage_mb(who: int) -> float:
+    peak = resource.getrusage(who).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024  # bytes on macOS, KiB on Linux

@@ -7,13 +7,13 @@ from __future__ import annotations
 import logging
 import os
 import random
-import resource
 from datetime import timedelta
 
 import torch
 import torch.distributed
 
 from pipeline.config import TrainConfig
+from pipeline.machine import high_water_mark_mb
 from pipeline.training.processes import die_with_the_launcher, process_group_from_env
 
 logger = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ def peak_memory_mb(device: torch.device) -> float:
     """Peak memory of this run: allocated GPU memory on CUDA, the process's peak resident set on CPU."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+    return high_water_mark_mb() or 0.0
 
 
 def maybe_compile(module: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.nn.Module:
