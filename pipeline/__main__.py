@@ -76,5 +76,5 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     from pipeline.startup import hide_unused_packages_from_transformers
 
-    hide_unused_packages_from_transformers()  # 2 CPU-s of every stage process (pipeline/startup.py)
+    hide_unused_packages_from_transformers()  # imports no stage uses (pipeline/startup.py)
     sys.exit(main())

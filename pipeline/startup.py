@@ -4,9 +4,8 @@ transformers imports two installed packages in every process that loads a model,
 scikit-learn's metrics, for assisted text generation (`transformers.generation.candidate_generator`), and SciPy's
 optimizers, for the matching losses of object detectors (`transformers.loss.loss_for_object_detection`, which
 `modeling_utils` imports through its loss table). Both are installed for coremltools (k-means palettization).
-Those imports cost 1.5 CPU-seconds (scikit-learn, with SciPy's stats and pandas) and 0.4 (scipy.optimize) of
-every model-loading process on an AMD EPYC: a fifth of a short stage's time, in every job of the DAG and every
-PyTorch timing worker. transformers offers no setting for them, so the two flags it reads
+Those imports cost every model-loading process, every job of the DAG and every PyTorch timing worker, about a
+fifth of a short stage's time (docs/findings.md, "Two cores"). transformers offers no setting for them, so the two flags it reads
 (`transformers.utils.import_utils._sklearn_available` and `_scipy_available`) are set to False as that module
 is loaded. Both packages stay importable: coremltools imports them where it needs them.
 """

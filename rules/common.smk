@@ -74,8 +74,8 @@ LIGHT_RESOURCES = {"mem_mb": CFG.compute.light_mem_mb, "gpu": 0}
 DATA_RESOURCES = {"mem_mb": CFG.compute.data_mem_mb, "gpu": 0}
 EXPORT_RESOURCES = {"mem_mb": CFG.compute.export_mem_mb, "gpu": 0}
 # Rules that can run side by side (the two distill_pretrain variants; student_finetune and distill_squad)
-# take half the cores each: small models use two threads poorly, so on a 2-core machine two 1-thread jobs
-# finish in about 60 % of the time of one 2-thread job after the other.
+# take half the cores each: small models use two threads poorly, so two 1-thread jobs side by side finish sooner
+# than the two one after the other with every core (docs/findings.md, "Two cores").
 PAIRED_THREADS = max(1, workflow.cores // 2)
 EXPORT_SECTIONS = ("seed", "squad", "export")
 # The full-size builds around the benchmark: the int8 search runs on the full-size DistilBERT, and its recipe is

@@ -8,8 +8,8 @@ import pytest
 
 # One intra-op thread for torch in the tests and the processes they start, unless a test or a rule asks for more
 # (a rule's OMP_NUM_THREADS, benchmark.threads): a second thread does not speed up the tests' tiny models, and where
-# another job keeps a core busy, a 2-thread torch waits on it at every operation (tests/test_distill_squad.py took
-# 10x as long). Set here, before any test module imports torch.
+# another job keeps a core busy, a 2-thread torch waits on it at every operation (docs/findings.md, "Two cores").
+# Set here, before any test module imports torch.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # As every process the pipeline starts: transformers leaves scikit-learn and SciPy unimported (pipeline/startup.py).
