@@ -126,7 +126,8 @@ def verify_manifest(root: str | Path, full: bool = False) -> dict[str, Any]:
 
 # Libraries whose versions decide what a stage writes; every manifest records them.
 MANIFEST_LIBRARIES = ("torch", "transformers", "tokenizers", "safetensors", "datasets", "accelerate", "onnx",
-                      "onnxruntime", "optimum", "optimum-onnx", "coremltools", "numpy", "snakemake")
+                      "onnxruntime", "optimum", "optimum-onnx", "coremltools", "openvino", "nncf", "numpy",
+                      "snakemake")
 
 
 def library_versions(names: tuple[str, ...] = MANIFEST_LIBRARIES) -> dict[str, str]:

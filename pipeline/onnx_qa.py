@@ -18,6 +18,7 @@ Steps 4-5 are pipeline.squad.n_best_predictions, the same code the training stag
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 from dataclasses import dataclass
@@ -227,6 +228,8 @@ def _open_session(model_path: str | Path, options: onnxruntime.SessionOptions, t
     if not Path(model_path).is_file():
         raise BundleError(f"{model_path}: model file not found")
     openvino = Path(model_path).suffix == ".xml"
+    if openvino and importlib.util.find_spec("openvino") is None:
+        raise BundleError(f"{model_path}: an OpenVINO model needs the openvino package (pip install openvino)")
     try:
         if openvino:
             from pipeline.openvino_session import OpenVinoSession

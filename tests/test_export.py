@@ -315,8 +315,9 @@ def openvino_precision(path):
 def test_the_x86_target_is_an_nncf_openvino_model_gated_on_its_own_answers(built):
     """quantize_onnx builds it from the fp32 export, answers the gated questions through the OpenVINO runtime (the
     answerer production uses), and records them; the bundle ships it in openvino/ when it passed and answers alike.
-    OpenVINO runs in spawned processes here, as in the stages (openvino_target.in_spawned_process)."""
-    from pipeline.export.openvino_target import in_spawned_process, predict
+    OpenVINO runs in spawned processes here, as in the stages (pipeline.spawn)."""
+    from pipeline.export.openvino_target import predict
+    from pipeline.spawn import in_spawned_process
 
     report = json.loads((built["quantized"] / "quantize.json").read_text())
     x86 = report["variants"]["openvino-int8"]

@@ -102,7 +102,8 @@ def openvino_against_onnxruntime(openvino_path, onnx_path) -> dict:
 def test_nncf_peer_is_an_openvino_int8_model_that_keeps_the_answers_close(tiny_full_size, tmp_path):
     from pipeline.export.full_size import random_windows
     from pipeline.export.int8 import calibration_feeds
-    from pipeline.export.openvino_target import OPENVINO_FILE, in_spawned_process
+    from pipeline.export.openvino_target import OPENVINO_FILE
+    from pipeline.spawn import in_spawned_process
 
     fp32_path = tiny_full_size / "full_size" / "distilbert" / "onnx" / "fp32" / "model.onnx"
     calibration = calibration_feeds(random_windows(200, 1), fp32_path, 4)
@@ -163,6 +164,16 @@ def test_export_peers_builds_the_named_peers_and_the_benchmark_times_them(tiny_f
     assert ours_on_openvino["path"].endswith(f"{static.name}/model.onnx") and ours_on_openvino["recipe"] == static.name
     assert all(items[f"distilbert/{peer}-default"]["openvino_precision"] == "default"
                for peer in (peers.OPENVINO_PEER, peers.OPENVINO_OURS))
+    assert items["distilbert/openvino-nncf-int8-f32"]["size_mb"] == nncf_built["size_mb"]
+    torch_peer, ort_peer = items["distilbert/torch-dynamic-int8"], items["distilbert/onnx-ortquantizer-int8"]
+    search = torch_peer["engine_search"]
+    assert set(search["engines"]) == set(peers.torch_engines())
+    assert torch_peer["engine"] == min(search["engines"], key=lambda e: search["engines"][e]["p50"])
+    assert torch_peer["size_mb"] == sizes[torch_peer["engine"]]
+    assert torch_peer["tool"].endswith(f"engine {torch_peer['engine']})")
+    assert all(item["peer_of"] == "distilbert/onnx-int8-optimized" for item in items.values())
+    assert ort_peer["path"] == str(root / "peers" / "distilbert" / ort_built["path"])
+    assert ort_peer["quantization"] == ort_built["quantization"] and ort_peer["tool"] == ort_built["tool"]
     # "ours" here: the fp32 graph stands in for the int8 one (the comparison only needs a graph to alternate with)
     ours = {"name": "distilbert/onnx-int8-optimized", "format": "onnx", "max_positions": 128, "vocab_size": 200,
             "path": str(tiny_full_size / "full_size" / "distilbert" / "onnx" / "fp32" / "model.onnx"),

@@ -272,12 +272,18 @@ def search(onnx_dir: Path, data_dir: Path, out_dir: Path, cfg: PipelineConfig, q
     variants, f1_by_question = build_gate_and_time(onnx_dir, out_dir, cfg, settings, recipes, tuning, questions,
                                                    threads)
     choice, runner_up, decided_by = choose_bundle_variant(variants, f1_by_question, qcfg.latency_tie_fraction)
+    left_out_targets = {}
     if qcfg.openvino and tuning is None:
-        left_out[OPENVINO_VARIANT] = tuned_on
+        left_out_targets[OPENVINO_VARIANT] = tuned_on
     elif qcfg.openvino:  # the x86 target, calibrated as the static recipes are; never the ONNX bundle's choice
         calibration = calibration_feeds(tuning.windows, onnx_dir / "fp32" / MODEL_FILE, qcfg.calibration_windows)
-        variants[OPENVINO_VARIANT], _ = build_and_gate(onnx_dir, out_dir, calibration, questions, cfg, threads,
-                                                       qcfg.latency_runs)
+        try:
+            variants[OPENVINO_VARIANT] = build_and_gate(onnx_dir, out_dir, calibration, questions, cfg,
+                                                        qcfg.latency_runs)
+        except Exception as error:  # an optional target: a model NNCF or OpenVINO cannot take is left out, saying why
+            reason = f"{type(error).__name__}: {error}".splitlines()[0]
+            logger.warning("%s left out: %s", OPENVINO_VARIANT, reason)
+            left_out_targets[OPENVINO_VARIANT] = reason
     return {
         "settings": settings,
         "cpu": cpu_description(),
@@ -289,6 +295,7 @@ def search(onnx_dir: Path, data_dir: Path, out_dir: Path, cfg: PipelineConfig, q
         "int8_recipes": {name: asdict(recipe) for name, recipe in recipes.items()},
         "tuned_on": tuned_on if tuning is not None else None,  # also what calibrated the static scales
         "left_out_recipes": left_out,
+        "left_out_targets": left_out_targets,
         "rejected": sorted(name for name in variants if variants[name]["verdict"] == "rejected"),
         "not_shipped": sorted(name for name in variants if not variants[name]["passed"]),
         "bundle_choice": choice,

@@ -2,38 +2,37 @@
 runtime and gated like the ONNX variants (rule quantize_onnx; the bundle ships it in openvino/ when it passes).
 
 Why NNCF and not our own static graph on OpenVINO: on a real BERT fine-tuned on real SQuAD questions, our MinMax
-static graphs lose 5-23 F1 points there while NNCF's (SmoothQuant, its own range estimation, symmetric int8
-activations that OpenVINO's int8 attention kernels take) keeps the F1 (docs/findings.md), and the full-size graph
-runs faster than onnxruntime runs our chosen int8 graph (the benchmark's peers).
+static graphs lost 5-23 F1 points there while NNCF's (SmoothQuant, its own range estimation, symmetric int8
+activations that OpenVINO's int8 attention kernels take) kept the F1, and at full size NNCF's model runs faster
+than onnxruntime runs our chosen int8 graph (docs/findings.md, "Peers and the x86 target"). OpenVINO and NNCF run
+in a spawned process (pipeline/spawn.py).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
-import multiprocessing
-import shutil
 from pathlib import Path
 
 import numpy as np
 
 from pipeline import onnx_qa
-from pipeline.artifacts import atomic_write_json, read_json
+from pipeline.artifacts import atomic_write_json, megabytes, read_json
+from pipeline.export.int8 import copy_side_files
 from pipeline.gates import GateQuestions, compressed_model_report
 from pipeline.latency import synthetic_feed, time_calls
-from pipeline.statistics import per_question_f1
+from pipeline.manifests import library_versions
+from pipeline.spawn import in_spawned_process
 
 logger = logging.getLogger(__name__)
 
 OPENVINO_VARIANT = "openvino-int8"
 OPENVINO_FILE = "openvino_model.xml"  # with its weights beside it in openvino_model.bin
-SIDE_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json", "config.json")
 
 
 def nncf_int8(fp32_onnx: Path, out_dir: Path, calibration: list[dict[str, np.ndarray]]) -> tuple[Path, dict]:
     """NNCF's post-training int8 of the fp32 ONNX graph as an OpenVINO model in out_dir, calibrated on
     `calibration` (batch-1 feeds, as our static recipes get); returns the model's path and the settings used.
-    Call it where OpenVINO may run (in_spawned_process)."""
+    Call it in a spawned process (pipeline.spawn) where the caller forks later."""
     import nncf
     import openvino
 
@@ -42,65 +41,53 @@ def nncf_int8(fp32_onnx: Path, out_dir: Path, calibration: list[dict[str, np.nda
                               subset_size=len(calibration))
     out_dir.mkdir(parents=True, exist_ok=True)
     openvino.save_model(quantized, out_dir / OPENVINO_FILE, compress_to_fp16=False)
-    settings = {"tool": "nncf.quantize", "nncf": version("nncf"), "openvino": version("openvino"),
-                "model_type": "transformer", "preset": "performance (nncf's default: symmetric int8)",
-                "calibration_feeds": len(calibration)}
+    settings = {"tool": "nncf.quantize", **library_versions(("nncf", "openvino")), "model_type": "transformer",
+                "preset": "performance (nncf's default: symmetric int8)", "calibration_feeds": len(calibration)}
+    settings.pop("python")
     return out_dir / OPENVINO_FILE, settings
 
 
 def model_megabytes(path: Path) -> float:
     """Size of an OpenVINO model (the .xml and its .bin), in MB = 10^6 bytes."""
-    return round(sum(file.stat().st_size for file in (path, path.with_suffix(".bin")) if file.is_file()) / 1e6, 3)
-
-
-def in_spawned_process(function, *args):
-    """function(*args) in a fresh spawned process. OpenVINO (its CPU plugin's threads) and NNCF (a thread pool it
-    leaves behind) stay out of the calling process: a process forked from one that had run them (a DataLoader
-    worker, later in the same test session) crashed."""
-    context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
-        return pool.submit(function, *args).result()
+    return megabytes(sum(file.stat().st_size for file in (path, path.with_suffix(".bin")) if file.is_file()))
 
 
 def build_and_gate(onnx_dir: Path, out_dir: Path, calibration: list[dict[str, np.ndarray]], questions: GateQuestions,
-                   cfg, threads: int, latency_runs: int) -> tuple[dict, np.ndarray]:
-    """The OpenVINO variant in out_dir/openvino-int8 (in a spawned process): built, answering the gated questions
-    at the runtime's default precision on this CPU (what an x86 user gets), judged by the gates and timed at 1
-    thread; returns its quantize.json record and its per-question F1."""
-    return in_spawned_process(build_and_gate_here, onnx_dir, out_dir, calibration, questions, cfg, threads,
-                              latency_runs)
+                   cfg, latency_runs: int) -> dict:
+    """The OpenVINO variant in out_dir/openvino-int8, in a spawned process: built, answering the gated questions
+    at the runtime's default precision on this CPU (what an x86 user gets) with 1 thread (as the bundle answers),
+    judged by the gates and timed at 1 thread on its own; returns its quantize.json record."""
+    return in_spawned_process(build_and_gate_here, onnx_dir, out_dir, calibration, questions, cfg, latency_runs)
 
 
 def build_and_gate_here(onnx_dir: Path, out_dir: Path, calibration: list[dict[str, np.ndarray]],
-                        questions: GateQuestions, cfg, threads: int, latency_runs: int) -> tuple[dict, np.ndarray]:
+                        questions: GateQuestions, cfg, latency_runs: int) -> dict:
     """build_and_gate's work, in this process."""
+    from pipeline.openvino_session import OpenVinoSession
+
     folder = out_dir / OPENVINO_VARIANT
     path, settings = nncf_int8(onnx_dir / "fp32" / "model.onnx", folder, calibration)
-    for name in SIDE_FILES:
-        if (onnx_dir / "fp32" / name).is_file():
-            shutil.copy(onnx_dir / "fp32" / name, folder / name)
+    copy_side_files(onnx_dir / "fp32", folder)
     gates = cfg.export.gates
-    predictions = predict(path, folder / "tokenizer.json", cfg.squad, questions.examples, threads)
+    predictions = predict(path, folder / "tokenizer.json", cfg.squad, questions.examples, 1)
     atomic_write_json(folder / "predictions.json", predictions)
     report = compressed_model_report(f"{out_dir}/{OPENVINO_VARIANT}", predictions, questions.pytorch_predictions,
                                      questions.gold, questions.pytorch_f1, gates.min_answer_agreement,
                                      gates.max_f1_drop, gates.strict)
-    from pipeline.openvino_session import OpenVinoSession
-
     session = OpenVinoSession(path, 1)
-    vocab_size = read_json(onnx_dir / "fp32" / "config.json")["vocab_size"]
-    feed = synthetic_feed(session, cfg.squad.max_seq_length, vocab_size)
-    record = {
+    feed = synthetic_feed(session, cfg.squad.max_seq_length, read_json(onnx_dir / "fp32" / "config.json")["vocab_size"])
+    logger.info("%s: F1 %s (drop %s), %s", OPENVINO_VARIANT, report["f1"], report["f1_drop"], report["verdict"])
+    return {
         "path": f"{OPENVINO_VARIANT}/{OPENVINO_FILE}",
         "runtime": "openvino",
         "runtime_precision": session.precision,  # what the default hint resolved to on this CPU
         "quantization": settings,
         "size_mb": model_megabytes(path),
         **{k: report[k] for k in ("exact_match", "f1", "f1_drop", "answer_agreement", "gates", "verdict", "passed")},
-        "latency_ms": {**time_calls(lambda: session.run(None, feed), latency_runs, 1), "runs": latency_runs},
+        # timed alone, in this process: the ONNX variants are timed in turn with each other, not with it
+        "latency_ms": {**time_calls(lambda: session.run(None, feed), latency_runs, 1), "runs": latency_runs,
+                       "timing": "own process"},
     }
-    logger.info("%s: F1 %s (drop %s), %s", OPENVINO_VARIANT, report["f1"], report["f1_drop"], report["verdict"])
-    return record, per_question_f1(predictions, questions.gold)
 
 
 def predict(model_path: Path, tokenizer_path: Path, squad_settings, examples: list[dict[str, str]],
@@ -110,12 +97,3 @@ def predict(model_path: Path, tokenizer_path: Path, squad_settings, examples: li
     answerer = onnx_qa.QuestionAnswerer.with_squad_settings(model_path, tokenizer_path, squad_settings,
                                                             threads=threads)
     return answerer.predict(examples)
-
-
-def version(package: str) -> str | None:
-    from importlib import metadata
-
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None

@@ -106,16 +106,17 @@ def torch_peer_megabytes(pytorch_dir: Path) -> dict[str, float]:
 def build_nncf_int8(fp32_onnx: Path, out_dir: Path, calibration: list[dict]) -> tuple[Path, dict]:
     """The openvino-nncf-int8 peer: the x86 target's own build (pipeline.export.openvino_target.nncf_int8) on the
     full-size fp32 graph."""
-    from pipeline.export.openvino_target import in_spawned_process, nncf_int8
+    from pipeline.export.openvino_target import nncf_int8
+    from pipeline.spawn import in_spawned_process
 
     return in_spawned_process(nncf_int8, fp32_onnx, out_dir, calibration)
 
 
 def openvino_tool(peer: str, precision: str, graph: str | None = None) -> str:
-    from pipeline.export.openvino_target import version
+    from pipeline.manifests import library_versions
 
     what = "NNCF post-training int8 of the fp32 graph" if peer == OPENVINO_PEER else f"our static int8 graph ({graph})"
-    return f"OpenVINO {version('openvino')} runtime, {what}, precision hint {precision}"
+    return f"OpenVINO {library_versions(('openvino',))['openvino']} runtime, {what}, precision hint {precision}"
 
 
 def openvino_profile(path: Path, precision: str, sequence_length: int, vocab_size: int,

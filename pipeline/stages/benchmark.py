@@ -290,8 +290,11 @@ def in_worker(item: dict, cfg: BenchmarkConfig, task: str = "latency") -> dict:
 
 
 def measure(item: dict, cfg: BenchmarkConfig) -> tuple[dict, float | None]:
-    """Run the timing in a fresh process; returns its latencies and its peak resident memory in MB."""
+    """Run the timing in a fresh process; returns its latencies and its peak resident memory in MB, and sets an
+    OpenVINO item's runtime_precision (what its hint resolved to)."""
     result = in_worker(item, cfg)
+    if "runtime_precision" in result:
+        item["runtime_precision"] = result["runtime_precision"]
     return result["latency_ms"], result["peak_rss_mb"]
 
 
@@ -391,7 +394,8 @@ def peer_artifacts(root: Path, cfg: PipelineConfig, int8_search: dict | None = N
                     continue
                 path = folder / "onnx" / graph / "model.onnx"
                 for precision in peers.OPENVINO_PRECISIONS:
-                    item = artifact(f"{name}-{precision}", architecture, "openvino", f"int8-{precision}", path, **shape)
+                    item = artifact(f"{name}-{precision}", architecture, "openvino", f"int8-static-{precision}", path,
+                                    **shape)
                     item.update(peer_of=ours, openvino_precision=precision, recipe=graph,
                                 tool=peers.openvino_tool(peer, precision, graph))
                     items.append(item)
@@ -474,11 +478,11 @@ def run(cfg: PipelineConfig, root: Path, out_dir: Path) -> dict:
                 profiles[name] = profile_ops(path, longest, vocab_size, bcfg.profile_runs, Path(traces))
         for item in peer_items:
             if item["format"] == "openvino" and item["model"] == "distilbert" and item["timed"]:
-                from pipeline.export.openvino_target import in_spawned_process
                 from pipeline.export.peers import openvino_profile
+                from pipeline.spawn import in_spawned_process
 
                 # where OpenVINO's kernels win: beside the onnxruntime profiles above, on the same input
-                profiles[item["name"]], item["runtime_precision"] = in_spawned_process(
+                profiles[item["name"]], _ = in_spawned_process(
                     openvino_profile, Path(item["path"]), item["openvino_precision"], longest, vocab_size,
                     bcfg.profile_runs)
     metrics = {
@@ -521,7 +525,12 @@ def worker_main(item_json: str, benchmark_json: str, task: str, out: Path) -> in
     else:
         latency = measure_in_this_process(item, cfg)
         peak = high_water_mark_mb()
-        atomic_write_json(out, {"latency_ms": latency, "peak_rss_mb": None if peak is None else round(peak, 1)})
+        result = {"latency_ms": latency, "peak_rss_mb": None if peak is None else round(peak, 1)}
+        if item["format"] == "openvino":  # what its precision hint resolved to on this CPU
+            from pipeline.openvino_session import OpenVinoSession
+
+            result["runtime_precision"] = OpenVinoSession(item["path"], 1, item["openvino_precision"]).precision
+        atomic_write_json(out, result)
     return 0
 
 

@@ -1,0 +1,15 @@
+"""Work in a fresh spawned process, for libraries whose threads must stay out of the calling process."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+
+
+def in_spawned_process(function, *args):
+    """function(*args) in a fresh spawned process (function and args must pickle). The stages run OpenVINO and
+    NNCF this way: with OpenVINO's CPU plugin threads in a process, a process forked from it later (a DataLoader
+    worker, in the same test session) crashed it (docs/findings.md)."""
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
+        return pool.submit(function, *args).result()
