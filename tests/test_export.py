@@ -348,6 +348,34 @@ def test_the_x86_target_is_an_nncf_openvino_model_gated_on_its_own_answers(built
         assert metrics["rejected_by_gates"]["openvino"] == ["openvino-int8"]
 
 
+def test_a_rejected_x86_target_is_left_out_of_the_bundle_which_still_ships(built, tmp_path):
+    from pipeline.stages import bundle
+
+    quantized_dir = tmp_path / "quantized"
+    shutil.copytree(built["quantized"], quantized_dir)
+    report = json.loads((quantized_dir / "quantize.json").read_text())
+    report["variants"]["openvino-int8"].update(passed=False, verdict="rejected")
+    (quantized_dir / "quantize.json").write_text(json.dumps(report))
+    write_manifest(quantized_dir)
+    metrics = bundle.run(built["cfg"], quantized_dir, built["coreml"], built["student"], built["data"], tmp_path / "b")
+    assert metrics["rejected_by_gates"]["openvino"] == ["openvino-int8"] and metrics["openvino_size_mb"] is None
+    assert not (tmp_path / "b" / "openvino").exists()
+    assert json.loads((tmp_path / "b" / "qa_config.json").read_text())["openvino"] is None
+    assert set(metrics["answer_agreement_with_pytorch"]) == {"onnx", "ort"}
+    assert "OpenVINO" not in (tmp_path / "b" / "README.md").read_text()
+
+
+def test_an_openvino_model_without_the_openvino_package_is_refused_saying_so(built, monkeypatch):
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: None if name == "openvino" else real_find_spec(name, *args))
+    xml = built["quantized"] / "openvino-int8" / "openvino_model.xml"
+    with pytest.raises(onnx_qa.BundleError, match="openvino_model.xml: an OpenVINO model needs the openvino package"):
+        onnx_qa.QuestionAnswerer.with_squad_settings(xml, xml.parent / "tokenizer.json", built["cfg"].squad)
+
+
 def test_the_bundle_leaves_out_rejected_coreml_packages_and_stops_when_none_passed(built, tmp_path):
     from pipeline.stages import bundle
 

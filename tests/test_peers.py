@@ -279,3 +279,30 @@ def test_the_summary_schema_takes_the_peer_rows():
     jsonschema.validate([row], peer_schema)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate([{**row, "latency": {"seq128": {"threads1": {"p50": 2.0}}}}], peer_schema)
+
+
+def test_the_x86_targets_recipe_is_held_to_the_floor_and_speedup_goals_and_its_profile_set_beside_ours():
+    longest = 384
+    ratios = {f"distilbert_{name}_speedup_seq{longest}_threads1": value for name, value in (
+        ("onnx_int8_optimized_vs_bert_base_pytorch_fp32", 9.1), ("onnx_int8_optimized_vs_naive_int8", 0.9),
+        ("vs_bert_base_pytorch_fp32", 2.1), ("openvino_nncf_int8_f32_vs_bert_base_pytorch_fp32", 13.3),
+        ("openvino_nncf_int8_default_vs_bert_base_pytorch_fp32", 14.2))}
+    summary_data = {"full_size": [{"name": "distilbert/onnx-int8-optimized"}], "ratios": ratios,
+                    "gemm_floor": {"ratio": 2.02, "openvino": {"distilbert/openvino-nncf-int8-f32": 1.39,
+                                                               "distilbert/openvino-nncf-int8-default": 1.30}}}
+    rows = {row["goal"]: row for row in report.goals(summary_data, {}, {}, longest)}
+    floor = {goal: row for goal, row in rows.items() if "GEMM floor" in goal}
+    assert [(row["value"], row["met"]) for row in floor.values()] == [(2.02, False), (1.39, False), (1.30, True)]
+    assert all(row["target"] == f"<= {report.FLOOR_RATIO_GOAL}" for row in floor.values())
+    speedups = [row for goal, row in rows.items() if "x86" in goal and "bert-base" in goal]
+    assert [(row["value"], row["met"]) for row in speedups] == [(13.3, True), (14.2, True)]
+    ours = [{"op": "DynamicQuantizeMatMul", "ms_per_run": 30.0, "share": 0.5},
+            {"op": "SkipLayerNormalization", "ms_per_run": 6.0, "share": 0.1},
+            {"op": "MatMul", "ms_per_run": 12.0, "share": 0.2}]  # the other 12 ms: rows past the profile's top 10
+    theirs = [{"op": "FullyConnected (brgemm_avx512_I8)", "ms_per_run": 30.0, "share": 0.75},
+              {"op": "MVN (jit_avx512_f32)", "ms_per_run": 1.0, "share": 0.025},
+              {"op": "Subgraph (jit_avx512_i8)", "ms_per_run": 9.0, "share": 0.225}]
+    lines = report.openvino_analysis({"distilbert/onnx-int8-optimized": ours, "distilbert/openvino-nncf-int8-f32": theirs})
+    assert lines == ["- distilbert/openvino-nncf-int8-f32 against onnxruntime on distilbert/onnx-int8-optimized, ms "
+                     "per run: int8 GEMMs 30.0 vs 30.0; layer norms 1.0 vs 6.0; attention and elementwise 9.0 vs "
+                     "12.0; other 0.0 vs 12.0."]

@@ -101,6 +101,7 @@ def summary(cfg: PipelineConfig, root: Path, benchmark: dict) -> dict:
         },
         "ratios": ratios,
         "peers": peer_comparison(benchmark, cfg),
+        "profiles": benchmark.get("profiles") or {},  # per operator at the longest length, 1 thread
         "gates": gate_verdicts(root, cfg),
         "skipped_timings": benchmark.get("skipped_timings", []),
     }
