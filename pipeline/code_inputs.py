@@ -11,6 +11,8 @@ import ast
 import functools
 from pathlib import Path
 
+from pipeline.commands import COMMANDS
+
 PACKAGE_DIR = Path(__file__).resolve().parent
 PACKAGE = PACKAGE_DIR.name
 DISPATCHER = f"{PACKAGE}.__main__"
@@ -71,7 +73,5 @@ def import_closure(*modules: str) -> list[Path]:
 
 def command_code_files(command: str) -> list[str]:
     """The files `python -m pipeline <command>` runs: the dispatcher's closure and its entry module's."""
-    from pipeline.__main__ import COMMANDS
-
     entry_module, _ = COMMANDS[command]
     return [str(path) for path in import_closure(DISPATCHER, entry_module)]

@@ -1,20 +1,53 @@
 """What a folder written by a stage holds, hashed: its manifest.json (sha256 and bytes of every file, the config's
-hash, library versions), checked by the next stage that reads the folder and by `python -m pipeline verify`; and
-the fingerprint of a run's config and inputs, which a checkpoint must match to be resumed.
+hash, library versions), written as the folder is made atomically (atomic_output_dir), checked by the next stage
+that reads the folder and by `python -m pipeline verify`; and the fingerprint of a run's config and inputs, which
+a checkpoint must match to be resumed.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
 import platform
+import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
-from pipeline.artifacts import atomic_write_json, megabytes
+from pipeline.artifacts import atomic_write_json, megabytes, read_json
 from pipeline.errors import PipelineError
+from pipeline.machine import stamp_machine
+
+
+@contextlib.contextmanager
+def atomic_output_dir(final_dir: str | Path, config: Any = None) -> Iterator[Path]:
+    """Yield a temporary folder to fill; it replaces `final_dir` only when the block finishes without error.
+
+    Before the rename, `manifest.json` is written beside the outputs (sha256 and bytes of every file, the hash
+    of `config`, library versions) unless the stage wrote its own; the next stage checks its inputs against it.
+    """
+    final_dir = Path(final_dir)
+    final_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final_dir.with_name(f".{final_dir.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+        stamp_machine(tmp / "metrics.json")
+        own_manifest = tmp / "manifest.json"
+        if own_manifest.is_file():  # the stage wrote its own (the bundle's): keep its fields, list the stamped files
+            manifest = read_json(own_manifest)
+            manifest["files"] = files_manifest(tmp)
+            atomic_write_json(own_manifest, manifest)
+        else:
+            write_manifest(tmp, config)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    shutil.rmtree(final_dir, ignore_errors=True)
+    os.replace(tmp, final_dir)
 
 
 def fingerprint(*parts: Any, files: list[str | Path] = ()) -> str:

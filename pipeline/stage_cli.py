@@ -1,6 +1,6 @@
 """The command line of every stage, written once: the stage's function declares it with its parameters.
 
-`python -m pipeline <stage>` (pipeline/__main__.py's STAGES names each stage's module and function) takes one
+`python -m pipeline <stage>` (pipeline/commands.py's STAGES names each stage's module and function) takes one
 flag per parameter of that function and calls it; a rule's shell command is written from the same parameters
 (`stage_arguments`, called by rules/common.smk's `stage_shell`). A parameter becomes
 
@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.code_inputs import module_file
+from pipeline.commands import STAGES
 
 CONFIG_FLAG = "--config-json"  # the flag of the PipelineConfig parameter, whatever its name
 CONFIG_HELP = "the pipeline config, or the sections this stage reads, as JSON"
@@ -57,8 +58,6 @@ class StageParameter:
 
 def stage_function(command: str) -> tuple[str, str]:
     """The module and function of a stage command."""
-    from pipeline.__main__ import STAGES
-
     if command not in STAGES:
         raise StageArgumentError(f"{command!r} is not a stage command; stages: {', '.join(STAGES)}")
     return STAGES[command]

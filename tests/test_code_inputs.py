@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import code_inputs
-from pipeline.__main__ import COMMANDS
+from pipeline.commands import COMMANDS
 from tests.conftest import PROJECT_ROOT
 
 PACKAGE = PROJECT_ROOT / "pipeline"

@@ -7,9 +7,8 @@ import pytest
 
 import pipeline.manifests
 from pipeline.__main__ import main
-from pipeline.artifacts import atomic_output_dir
-from pipeline.manifests import ManifestError, config_sha256, fingerprint, verify_input_dirs
-from pipeline.manifests import verify_manifest
+from pipeline.manifests import (ManifestError, atomic_output_dir, config_sha256,
+                                fingerprint, verify_input_dirs, verify_manifest)
 from pipeline.config import PipelineConfig
 from tests.conftest import PROJECT_ROOT
 
@@ -207,7 +206,8 @@ def test_the_code_loads_weights_and_configs_safely_and_never_runs_remote_code():
 
 
 def test_every_stage_metrics_json_names_the_cpu_it_ran_on(tmp_path):
-    from pipeline.artifacts import atomic_output_dir, atomic_write_json, read_json
+    from pipeline.artifacts import atomic_write_json, read_json
+    from pipeline.manifests import atomic_output_dir
     from pipeline.machine import cpu_description
 
     with atomic_output_dir(tmp_path / "stage") as tmp:

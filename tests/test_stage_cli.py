@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from pipeline import stage_cli
-from pipeline.__main__ import STAGES, main
+from pipeline.__main__ import main
+from pipeline.commands import STAGES
 from pipeline.config import config_from_json
 from tests.conftest import PROJECT_ROOT
 from tests.dry_run import dry_run

@@ -37,7 +37,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.artifacts import atomic_output_dir, atomic_write_json, directory_size_bytes, megabytes, read_json
+from pipeline.artifacts import atomic_write_json, directory_size_bytes, megabytes, read_json
+
+from pipeline.manifests import atomic_output_dir
 from pipeline.model_registry import bundled_model, exported_models
 from pipeline.config import BenchmarkConfig, PipelineConfig
 from pipeline.errors import PipelineError
@@ -358,7 +360,8 @@ def optimized_int8_artifacts(root: Path, cfg: PipelineConfig, search: dict) -> l
     return items
 
 
-def peer_artifacts(root: Path, cfg: PipelineConfig, int8_search: dict | None = None) -> tuple[list[dict], dict[str, str]]:
+def peer_artifacts(root: Path, cfg: PipelineConfig,
+                   int8_search: dict | None = None) -> tuple[list[dict], dict[str, str]]:
     """The int8 paths a user would otherwise pick (export_peers), for each full-size architecture whose peers
     benchmark.timed_full_size names; the torch peer's engine is chosen here, by timing every engine in turn; each
     OpenVINO one twice, at precision f32 and at the runtime's default. Their "ours" is the architecture's

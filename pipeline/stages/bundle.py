@@ -26,8 +26,9 @@ import shutil
 from pathlib import Path
 
 from pipeline import onnx_qa
-from pipeline.artifacts import atomic_output_dir, atomic_write_json, directory_size_bytes, megabytes, read_json
-from pipeline.manifests import config_sha256, files_manifest, library_versions, verify_input_dirs, verify_manifest
+from pipeline.artifacts import atomic_write_json, directory_size_bytes, megabytes, read_json
+from pipeline.manifests import (atomic_output_dir, config_sha256, files_manifest,
+                                library_versions, verify_input_dirs, verify_manifest)
 from pipeline.config import PipelineConfig
 from pipeline.export.hf_layout import write_hf_layout
 from pipeline.export.openvino_target import OPENVINO_FILE, OPENVINO_VARIANT
@@ -299,8 +300,8 @@ def run(cfg: PipelineConfig, quantized_dir: Path, coreml_dir: Path, model_dir: P
                            f"openvino/{OPENVINO_FILE}" if "openvino" in shipped else None)
         atomic_write_json(tmp / "qa_config.json", config)
         onnx_report = reports[0]
-        verdicts = gate_verdicts({str(path.relative_to(tmp)): report for path, report in zip(shipped.values(), reports)},
-                                 coreml)
+        verdicts = gate_verdicts(
+            {str(path.relative_to(tmp)): report for path, report in zip(shipped.values(), reports)}, coreml)
         metrics = {
             "onnx_variant": choice,
             "onnx_runner_up": quantized["runner_up"],

@@ -16,8 +16,8 @@ import logging
 from pathlib import Path
 
 from pipeline import qa
-from pipeline.artifacts import atomic_output_dir, atomic_write_json
-from pipeline.manifests import verify_input_dirs
+from pipeline.artifacts import atomic_write_json
+from pipeline.manifests import atomic_output_dir, verify_input_dirs
 from pipeline.config import PipelineConfig
 from pipeline.data import load_squad
 from pipeline.deploy import load_deployable

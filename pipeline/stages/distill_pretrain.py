@@ -24,9 +24,9 @@ import torch
 from torch.nn import Module
 from transformers import AutoTokenizer, BertForMaskedLM, DistilBertForMaskedLM
 
-from pipeline.artifacts import atomic_output_dir, atomic_write_json
-from pipeline.manifests import fingerprint, to_plain
-from pipeline.manifests import verify_input_dirs
+from pipeline.artifacts import atomic_write_json
+
+from pipeline.manifests import atomic_output_dir, fingerprint, to_plain, verify_input_dirs
 from pipeline.config import DistillPretrainConfig, PipelineConfig
 from pipeline.corpus import TokenizedCorpus, copy_ids_to_node, node_local_ids_path, token_budget_batches
 from pipeline.chunked_lm_loss import ChunkLayout, VocabProjection

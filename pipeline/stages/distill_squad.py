@@ -26,10 +26,8 @@ from transformers import AutoModelForMaskedLM, AutoTokenizer, BertForQuestionAns
 
 from pipeline import qa
 from pipeline.augment import augment_windows
-from pipeline.artifacts import atomic_output_dir, atomic_write_json, atomic_write_text, read_json
-from pipeline.manifests import fingerprint
-from pipeline.manifests import to_plain
-from pipeline.manifests import verify_input_dirs
+from pipeline.artifacts import atomic_write_json, atomic_write_text, read_json
+from pipeline.manifests import atomic_output_dir, fingerprint, to_plain, verify_input_dirs
 from pipeline.config import ConfigError, PipelineConfig
 from pipeline.data import load_squad
 from pipeline.model_card import qa_student_card, write_model_card

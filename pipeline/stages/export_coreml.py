@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 from pipeline import qa, squad
-from pipeline.artifacts import atomic_output_dir, atomic_write_json, directory_size_bytes, megabytes
-from pipeline.manifests import verify_input_dirs
+from pipeline.artifacts import atomic_write_json, directory_size_bytes, megabytes
+from pipeline.manifests import atomic_output_dir, verify_input_dirs
 from pipeline.config import PipelineConfig
 from pipeline.export.coreml import (MASKED_SCORE, check_lengths, check_package, convert, load_wrapped,
                                     proxy_predictions, read_package, weight_matrix_count)

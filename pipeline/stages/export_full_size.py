@@ -19,7 +19,9 @@ import json
 import logging
 from pathlib import Path
 
-from pipeline.artifacts import atomic_output_dir, atomic_write_json, directory_size_bytes, megabytes
+from pipeline.artifacts import atomic_write_json, directory_size_bytes, megabytes
+
+from pipeline.manifests import atomic_output_dir
 from pipeline.config import PipelineConfig
 from pipeline.export import int8
 from pipeline.export.full_size import (PARITY_WINDOWS, Architecture, build_int8_recipes, export_coreml_packages,

@@ -14,7 +14,9 @@ import logging
 import shutil
 from pathlib import Path
 
-from pipeline.artifacts import atomic_output_dir, atomic_write_json, directory_size_bytes, megabytes, read_json
+from pipeline.artifacts import atomic_write_json, directory_size_bytes, megabytes, read_json
+
+from pipeline.manifests import atomic_output_dir
 from pipeline.config import PipelineConfig
 from pipeline.export import int8
 from pipeline.export.full_size import build_int8_recipes

@@ -11,7 +11,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from pipeline.artifacts import atomic_output_dir, atomic_write_json
+from pipeline.artifacts import atomic_write_json
+
+from pipeline.manifests import atomic_output_dir
 from pipeline.config import PipelineConfig
 from pipeline.export.gemm_floor import gemm_floor_graph
 from pipeline.export.int8 import NAIVE

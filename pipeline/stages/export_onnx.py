@@ -23,8 +23,8 @@ import logging
 from pathlib import Path
 
 from pipeline import onnx_qa, qa, squad
-from pipeline.artifacts import atomic_output_dir, atomic_write_json, directory_size_bytes, megabytes
-from pipeline.manifests import verify_input_dirs
+from pipeline.artifacts import atomic_write_json, directory_size_bytes, megabytes
+from pipeline.manifests import atomic_output_dir, verify_input_dirs
 from pipeline.config import PipelineConfig
 from pipeline.export.onnx_graph import (MODEL_FILE, check_fusions, export_fp32, max_logit_difference, optimize_graph,
                                         windows_from_features)

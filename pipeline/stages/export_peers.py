@@ -18,7 +18,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from pipeline.artifacts import atomic_output_dir, atomic_write_json, read_json
+from pipeline.artifacts import atomic_write_json, read_json
+
+from pipeline.manifests import atomic_output_dir
 from pipeline.machine import cpu_description
 from pipeline.config import ConfigError, PipelineConfig
 from pipeline.export import full_size, int8

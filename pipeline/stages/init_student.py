@@ -14,8 +14,9 @@ from typing import Literal
 
 from transformers import AutoTokenizer, BertForMaskedLM
 
-from pipeline.artifacts import atomic_output_dir, atomic_write_json
-from pipeline.manifests import verify_input_dirs
+from pipeline.artifacts import atomic_write_json
+
+from pipeline.manifests import atomic_output_dir, verify_input_dirs
 from pipeline.config import PipelineConfig
 from pipeline.students import (
     init_student_from_teacher,

@@ -18,7 +18,8 @@ from pathlib import Path
 import datasets
 
 from pipeline import synthetic
-from pipeline.artifacts import atomic_output_dir, atomic_write_json
+from pipeline.artifacts import atomic_write_json
+from pipeline.manifests import atomic_output_dir
 from pipeline.config import ConfigError, PipelineConfig
 from pipeline.corpus import GENERATED_CORPUS_FILE, corpus_source, iter_documents
 from pipeline.data import DataError, load_squad

@@ -32,11 +32,12 @@ import json
 import logging
 from pathlib import Path
 
-from pipeline.artifacts import atomic_output_dir, atomic_write_json
+from pipeline.artifacts import atomic_write_json
+
+from pipeline.manifests import atomic_output_dir, verify_input_dirs
 from pipeline.config import PipelineConfig
 from pipeline.export.int8_tuning import search
 from pipeline.gates import gate_questions
-from pipeline.manifests import verify_input_dirs
 
 logger = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from pathlib import Path
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM, BertForQuestionAnswering
 
 from pipeline import qa
-from pipeline.artifacts import atomic_output_dir, atomic_write_json
-from pipeline.manifests import fingerprint, to_plain, verify_input_dirs
+from pipeline.artifacts import atomic_write_json
+from pipeline.manifests import atomic_output_dir, fingerprint, to_plain, verify_input_dirs
 from pipeline.config import PipelineConfig
 from pipeline.data import load_squad
 from pipeline.losses import masked_lm_loss

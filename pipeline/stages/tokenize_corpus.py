@@ -13,8 +13,9 @@ import json
 import logging
 from pathlib import Path
 
-from pipeline.artifacts import atomic_output_dir, atomic_write_json
-from pipeline.manifests import verify_input_dirs
+from pipeline.artifacts import atomic_write_json
+
+from pipeline.manifests import atomic_output_dir, verify_input_dirs
 from pipeline.config import ConfigError, PipelineConfig
 from pipeline.corpus import corpus_source, tokenize_corpus
 

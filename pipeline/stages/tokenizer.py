@@ -15,8 +15,9 @@ from typing import Iterable, Iterator
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, BertTokenizerFast, PreTrainedTokenizerFast
 
-from pipeline.artifacts import atomic_output_dir, atomic_write_json
-from pipeline.manifests import verify_input_dirs
+from pipeline.artifacts import atomic_write_json
+
+from pipeline.manifests import atomic_output_dir, verify_input_dirs
 from pipeline.config import PipelineConfig, TokenizerConfig
 from pipeline.corpus import corpus_source, training_documents
 

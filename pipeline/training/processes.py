@@ -8,13 +8,11 @@ import os
 import signal
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import torch
 import torch.distributed
 
-if TYPE_CHECKING:  # batching imports ProcessGroup from here
-    from pipeline.training.batching import Batch
 
 @dataclass(frozen=True)
 class ProcessGroup:
@@ -63,12 +61,13 @@ class LossComputation(torch.nn.Module):
     (student.distilbert, model.cls) and a frozen teacher that a wrapper of the model alone would never see.
     Only `module` is registered: the teacher takes no part in DDP (no broadcast, no gradients)."""
 
-    def __init__(self, module: torch.nn.Module, compute_loss: Callable[[Batch], dict[str, torch.Tensor]]):
+    def __init__(self, module: torch.nn.Module,
+                 compute_loss: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]):
         super().__init__()
         self.module = module
         self.compute_loss = compute_loss
 
-    def forward(self, batch: Batch) -> dict[str, torch.Tensor]:
+    def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:  # a batch of batching.py
         return self.compute_loss(batch)
 
 
