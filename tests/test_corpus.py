@@ -13,12 +13,10 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from pipeline import corpus as corpus_module
+from pipeline import corpus_writer
 from pipeline.config import ConfigError, DataConfig, TrainConfig
-from pipeline.corpus import (
-    CorpusSource, MIN_SEQUENCE_TOKENS, TokenizedCorpus, chunk_documents, corpus_source, is_heldout,
-    token_budget_batches, tokenize_corpus,
-)
+from pipeline.corpus import MIN_SEQUENCE_TOKENS, TokenizedCorpus, chunk_documents, token_budget_batches
+from pipeline.corpus_writer import CorpusSource, corpus_source, is_heldout, tokenize_corpus
 from pipeline.mlm import MaskedBatchCollator
 from pipeline.stages import prepare_data, tokenizer as tokenizer_stage
 from tests.conftest import PROJECT_ROOT
@@ -125,7 +123,7 @@ def test_chunk_boundaries_by_hand():
 def test_the_output_is_the_same_whatever_the_workers_and_pieces_split_no_line(tmp_path, trained_tokenizer, monkeypatch):
     tokenizer_dir, _ = trained_tokenizer
     write_corpus(tmp_path / "corpus.txt", n_documents=90)
-    monkeypatch.setattr(corpus_module, "TEXT_PIECE_BYTES", 997)  # many pieces, boundaries inside lines
+    monkeypatch.setattr(corpus_writer, "TEXT_PIECE_BYTES", 997)  # many pieces, boundaries inside lines
     source = CorpusSource("text", str(tmp_path / "corpus.txt"))
     one, one_metrics = tokenize(tmp_path, tokenizer_dir, source, workers=1)  # in this process: nothing forks
     two = tokenize_in_a_fresh_process(tmp_path, tokenizer_dir, source, workers=2, piece_bytes=997)
@@ -150,7 +148,7 @@ def tokenize_in_a_fresh_process(tmp_path, tokenizer_dir, source, workers, piece_
     script = textwrap.dedent(f"""
         from pathlib import Path
         from tokenizers import Tokenizer
-        import pipeline.corpus as corpus
+        import pipeline.corpus_writer as corpus
         corpus.TEXT_PIECE_BYTES = {piece_bytes}
         tokenizer_file = Path({str(tokenizer_dir / "tokenizer.json")!r})
         corpus.tokenize_corpus(corpus.CorpusSource({source.kind!r}, {source.location!r}), tokenizer_file,

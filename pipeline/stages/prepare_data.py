@@ -21,7 +21,7 @@ from pipeline import synthetic
 from pipeline.artifacts import atomic_write_json
 from pipeline.manifests import atomic_output_dir
 from pipeline.config import ConfigError, PipelineConfig
-from pipeline.corpus import GENERATED_CORPUS_FILE, corpus_source, iter_documents
+from pipeline.corpus_writer import GENERATED_CORPUS_FILE, corpus_source, iter_documents
 from pipeline.data import DataError, load_squad
 from pipeline.data_sources import deploy_dev_source, looks_like_a_path
 

@@ -17,7 +17,7 @@ from pipeline.artifacts import atomic_write_json
 
 from pipeline.manifests import atomic_output_dir, verify_input_dirs
 from pipeline.config import ConfigError, PipelineConfig
-from pipeline.corpus import corpus_source, tokenize_corpus
+from pipeline.corpus_writer import corpus_source, tokenize_corpus
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from pipeline.artifacts import atomic_write_json
 
 from pipeline.manifests import atomic_output_dir, verify_input_dirs
 from pipeline.config import PipelineConfig, TokenizerConfig
-from pipeline.corpus import corpus_source, training_documents
+from pipeline.corpus_writer import corpus_source, training_documents
 
 logger = logging.getLogger(__name__)
 
