@@ -106,6 +106,14 @@ def time_calls(run_once: Callable[[], object], runs: int, warmup: int) -> dict[s
     return time_in_turn({"run": run_once}, runs, warmup)["run"]
 
 
+def ranked_profile(ms_by_op: dict[str, float], runs: int, rows: int = 10) -> list[dict]:
+    """A profile's `rows` largest operators, from each one's total ms over `runs` runs: ms per run and share of the
+    total (the onnxruntime profiles and OpenVINO's performance counters of the benchmark both read so)."""
+    total = sum(ms_by_op.values()) or 1.0
+    ranked = sorted(ms_by_op.items(), key=lambda item: -item[1])
+    return [{"op": op, "ms_per_run": round(ms / runs, 3), "share": round(ms / total, 4)} for op, ms in ranked[:rows]]
+
+
 def fastest_first(timings: dict[str, dict[str, float]]) -> list[str]:
     """Names by median latency, fastest first; equal medians keep their order. Every latency-based choice (the
     bundle's int8 variant, the full-size int8 search, the torch peer's engine) ranks with this."""

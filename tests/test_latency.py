@@ -1,7 +1,8 @@
 """pipeline/latency.py, the one timer: calls taken in turn, percentiles, and the ranking every latency-based choice
 uses. Timings are never asserted on (speed goes in benchmarks); what is checked is who runs when, and the shapes."""
 
-from pipeline.latency import compare_latency, fastest_first, time_calls, time_in_blocks, time_in_turn
+from pipeline.latency import (compare_latency, fastest_first, ranked_profile, time_calls, time_in_blocks,
+                              time_in_turn)
 
 
 def test_callables_are_timed_in_turn_after_untimed_rounds():
@@ -31,6 +32,11 @@ def test_one_callable_is_timed_alone():
     calls = []
     cell = time_calls(lambda: calls.append(1), runs=4, warmup=1)
     assert len(calls) == 5 and 0 <= cell["p50"] <= cell["p90"]
+
+
+def test_a_profile_keeps_its_largest_operators_per_run_with_their_share_of_the_total():
+    rows = ranked_profile({"small": 1.0, "large": 6.0, "middle": 3.0}, runs=2, rows=2)
+    assert rows == [{"op": "large", "ms_per_run": 3.0, "share": 0.6}, {"op": "middle", "ms_per_run": 1.5, "share": 0.3}]
 
 
 def test_the_ranking_is_by_median_and_keeps_the_order_of_equal_ones():

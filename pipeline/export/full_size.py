@@ -45,6 +45,12 @@ def random_windows(vocab_size: int, seed: int, count: int = PARITY_WINDOWS) -> o
                           np.zeros_like(input_ids), [[None] * PARITY_LENGTH] * count)
 
 
+def random_calibration(graph_path: Path, vocab_size: int, seed: int) -> list[dict[str, np.ndarray]]:
+    """The feeds a full-size graph's static int8 is calibrated on: random weights make calibrated scales
+    meaningless beyond their graph shape, so a few random windows (each runs the full-size fp32 graph once)."""
+    return int8.calibration_feeds(random_windows(vocab_size, seed), graph_path, PARITY_WINDOWS)
+
+
 def build_int8_recipes(onnx_dir: Path, out_dir: Path, recipes: dict[str, int8.Int8Recipe], cfg: PipelineConfig,
                        vocab_size: int, graphs_dir: Path, int4_block_size: int | None = None) -> list[str]:
     """The int8 recipes (and 4-bit blocks unless int4_block_size is None) of a full-size ONNX export, each in its own

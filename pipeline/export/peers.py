@@ -123,7 +123,7 @@ def openvino_profile(path: Path, precision: str, sequence_length: int, vocab_siz
                      runs: int) -> tuple[list[dict], str]:
     """Time per (layer type, kernel) under OpenVINO's performance counters at 1 thread, largest first (the same
     rows as the onnxruntime profile of the benchmark), and the precision the hint resolved to."""
-    from pipeline.latency import synthetic_feed
+    from pipeline.latency import ranked_profile, synthetic_feed
     from pipeline.openvino_session import OpenVinoSession
 
     session = OpenVinoSession(path, 1, precision, profile=True)
@@ -134,9 +134,6 @@ def openvino_profile(path: Path, precision: str, sequence_length: int, vocab_siz
         session.run(None, feed)
         for op, ms in session.profile().items():
             per_op[op] = per_op.get(op, 0.0) + ms
-    total = sum(per_op.values()) or 1.0
-    ranked = sorted(per_op.items(), key=lambda item: -item[1])
-    rows = [{"op": op, "ms_per_run": round(ms / runs, 3), "share": round(ms / total, 4)} for op, ms in ranked[:10]]
-    return rows, session.precision
+    return ranked_profile(per_op, runs), session.precision
 
 

@@ -43,8 +43,8 @@ from pipeline.manifests import atomic_output_dir
 from pipeline.model_registry import bundled_model, exported_models
 from pipeline.config import BenchmarkConfig, PipelineConfig
 from pipeline.errors import PipelineError
-from pipeline.latency import (BLOCK_RUNS, SETTLE_S, fastest_first, onnx_session, synthetic_feed, time_calls,
-                              time_in_blocks, time_in_turn)
+from pipeline.latency import (BLOCK_RUNS, SETTLE_S, fastest_first, onnx_session, ranked_profile, synthetic_feed,
+                              time_calls, time_in_blocks, time_in_turn)
 from pipeline.machine import cpu_description, high_water_mark_mb
 
 # The export libraries are imported where they are used: every timed artifact runs in a fresh process that imports
@@ -322,15 +322,12 @@ def profile_ops(path: Path, sequence_length: int, vocab_size: int, runs: int, sc
     for _ in range(runs):
         session.run(None, feed)
     trace = json.loads(Path(session.end_profiling()).read_text())
-    per_op: dict[str, float] = {}
+    ms_by_op: dict[str, float] = {}
     for event in trace:
         if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
             op = event["args"]["op_name"]
-            per_op[op] = per_op.get(op, 0.0) + event["dur"]
-    total = sum(per_op.values()) or 1.0
-    ranked = sorted(per_op.items(), key=lambda item: -item[1])
-    return [{"op": op, "ms_per_run": round(us / 1000 / (runs + 1), 3), "share": round(us / total, 4)}
-            for op, us in ranked[:10]]
+            ms_by_op[op] = ms_by_op.get(op, 0.0) + event["dur"] / 1000  # microseconds in the trace
+    return ranked_profile(ms_by_op, runs + 1)
 
 
 def optimized_int8_artifacts(root: Path, cfg: PipelineConfig, search: dict) -> list[dict]:

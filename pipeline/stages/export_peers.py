@@ -23,7 +23,7 @@ from pipeline.artifacts import atomic_write_json, read_json
 from pipeline.manifests import atomic_output_dir
 from pipeline.machine import cpu_description
 from pipeline.config import ConfigError, PipelineConfig
-from pipeline.export import full_size, int8
+from pipeline.export import full_size
 from pipeline.export.openvino_target import model_megabytes
 from pipeline.export import peers as peer_paths
 
@@ -57,8 +57,7 @@ def run(cfg: PipelineConfig, full_size_dir: Path, peers: str, out_dir: Path) -> 
         if peer_paths.OPENVINO_PEER in peer_names:
             fp32 = full_size_dir / "onnx" / "fp32" / "model.onnx"
             vocab_size = read_json(full_size_dir / "pytorch" / "config.json")["vocab_size"]
-            calibration = int8.calibration_feeds(full_size.random_windows(vocab_size, cfg.seed + 1), fp32,
-                                                 full_size.PARITY_WINDOWS)
+            calibration = full_size.random_calibration(fp32, vocab_size, cfg.seed + 1)  # as our static recipes
             logger.info("building %s/%s with NNCF on %d calibration windows", architecture, peer_paths.OPENVINO_PEER,
                         len(calibration))
             path, settings = peer_paths.build_nncf_int8(fp32, tmp / peer_paths.OPENVINO_PEER, calibration)
