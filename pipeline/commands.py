@@ -37,7 +37,7 @@ TOOLS = {
     "evaluate-predictions": ("pipeline.squad", "evaluate_predictions_main"),
     "schema": ("pipeline.config", "print_schema_main"),
     "verify": ("pipeline.manifests", "verify_main"),
-    "collect-run": ("pipeline.results_tables", "collect_main"),
-    "render-results": ("pipeline.results_tables", "render_main"),
+    "collect-run": ("pipeline.reporting.results_tables", "collect_main"),
+    "render-results": ("pipeline.reporting.results_tables", "render_main"),
 }
 COMMANDS = {**STAGES, **TOOLS}

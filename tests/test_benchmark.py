@@ -9,7 +9,8 @@ import pytest
 
 from pipeline.config import BenchmarkConfig, PipelineConfig
 from pipeline.export import int8, onnx_graph
-from pipeline.stages import benchmark, report
+from pipeline.reporting import formatting, markdown, plots, summary
+from pipeline.stages import benchmark
 from tests.conftest import PROJECT_ROOT
 
 
@@ -51,25 +52,25 @@ def test_the_profile_attributes_kernel_time_to_operator_types(tiny_int8, tmp_pat
 def test_ratios_and_missing_timings():
     artifacts = {"a": {"latency_ms": {"seq384": {"threads1": {"p50": 10.0, "p90": 11.0}}}},
                  "b": {"latency_ms": None}}
-    assert report.p50(artifacts, "a", 384, 1) == 10.0
-    assert report.p50(artifacts, "b", 384, 1) is None and report.p50(artifacts, "c", 384, 1) is None
-    assert report.ratio(20.0, 10.0) == 2.0 and report.ratio(None, 1.0) is None and report.ratio(1.0, None) is None
+    assert formatting.p50(artifacts.get("a"), 384, 1) == 10.0
+    assert formatting.p50(artifacts.get("b"), 384, 1) is None and formatting.p50(artifacts.get("c"), 384, 1) is None
+    assert formatting.ratio(20.0, 10.0) == 2.0 and formatting.ratio(None, 1.0) is None and formatting.ratio(1.0, None) is None
 
 
 def test_the_gates_say_how_many_dev_questions_they_scored():
     recorded = [{"n_questions": 1000}, {"n_questions": None}]  # a CoreML package scored on no dev set
-    assert report.gated_questions(recorded, 1000) == "the first 1000 dev questions (export.gates.dev_questions)"
-    assert report.gated_questions([{"n_questions": 119}], 1000) == (
+    assert markdown.gated_questions(recorded, 1000) == "the first 1000 dev questions (export.gates.dev_questions)"
+    assert markdown.gated_questions([{"n_questions": 119}], 1000) == (
         "119 dev questions (the whole dev set, which holds fewer than export.gates.dev_questions: 1000)")
-    assert report.gated_questions([{"n_questions": 42}], None) == "42 dev questions (the whole dev set)"
-    assert report.gated_questions([], 1000) == "the first 1000 dev questions (export.gates.dev_questions)"
+    assert markdown.gated_questions([{"n_questions": 42}], None) == "42 dev questions (the whole dev set)"
+    assert markdown.gated_questions([], 1000) == "the first 1000 dev questions (export.gates.dev_questions)"
 
 
 def test_the_loss_plot_shows_only_loss_terms():
     records = [{"step": 50, "epoch": 0.1, "lr": 1e-3, "tokens_per_second": 9e3, "effective_batch_size": 16,
                 "loss": 2.0, "task": 1.5, "tb_hidden": 0.3, "phase": "intermediate"},
                {"step": 100, "epoch": 0.2, "lr": 9e-4, "loss": 1.0, "tb_prediction": 0.5, "phase": "prediction"}]
-    assert report.loss_terms(records) == ["loss", "task", "tb_hidden", "tb_prediction"]
+    assert plots.loss_terms(records) == ["loss", "task", "tb_hidden", "tb_prediction"]
 
 
 def test_the_summary_schema_refuses_a_wrong_shape():
@@ -92,21 +93,21 @@ def test_the_report_shows_chromium_entries_at_each_thread_count_in_the_summary_s
     skipped = {"what": "Chromium timings (onnxruntime-web in a page)", "reason": "no Chromium at /nowhere"}
     (tmp_path / "benchmark_web.json").write_text(json.dumps({"artifacts": [chromium], "skipped": [skipped]}))
     machine = {"cpu": "a CPU", "cores": 2, "versions": {}}
-    benchmark = report.with_web_timings({"machine": machine, "artifacts": []}, tmp_path / "benchmark_web.json")
+    benchmark = summary.with_web_timings({"machine": machine, "artifacts": []}, tmp_path / "benchmark_web.json")
     items = benchmark["artifacts"]
     cfg = PipelineConfig(benchmark=BenchmarkConfig(threads=[1], browser_threads=[1, 2]))
-    table = report.artifact_table(items, cfg)
+    table = markdown.artifact_table(items, cfg)
     assert "seq 128, 2 thr p50 / p90 ms" in table  # Chromium's thread count, beyond benchmark.threads
     assert "| 10.80 / 20.80 | 7.50 / 9.10 | n/a | n/a | 279 |" in table
-    summary = {"target_size_mb": 207, "machine": machine, "artifacts": items, "full_size": [], "gemm_floor": None,
-               "ratios": {}, "peers": [], "models": {name: {"params": 1, "exact_match": 1.0, "f1": 1.0}
-                                        for name in ("teacher", "student", "student_ce_only")},
-               "gates": [], "skipped_timings": benchmark["skipped_timings"]}
-    jsonschema.validate(summary, json.loads((PROJECT_ROOT / "configs" / "summary.schema.json").read_text()))
-    note = " ".join(report.javascript_note(summary, cfg))
+    summary_data = {"target_size_mb": 207, "machine": machine, "artifacts": items, "full_size": [], "gemm_floor": None,
+                    "ratios": {}, "peers": [], "models": {name: {"params": 1, "exact_match": 1.0, "f1": 1.0}
+                                             for name in ("teacher", "student", "student_ce_only")},
+                    "gates": [], "skipped_timings": benchmark["skipped_timings"]}
+    jsonschema.validate(summary_data, json.loads((PROJECT_ROOT / "configs" / "summary.schema.json").read_text()))
+    note = " ".join(markdown.javascript_note(summary_data, cfg))
     assert "onnx-web-chromium in onnxruntime-web 1.30.0 (WebAssembly, in Chromium 156.0, cross-origin isolated)" in note
     assert "Chromium: WebAssembly threads 1, 2" in note
-    assert report.skipped_note(summary["skipped_timings"]) == [
+    assert markdown.skipped_note(summary_data["skipped_timings"]) == [
         "", "Not timed on this machine: Chromium timings (onnxruntime-web in a page) (no Chromium at /nowhere)."]
 
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from pipeline.export import onnx_graph, peers
-from pipeline.stages import benchmark, export_peers, report
+from pipeline.reporting import markdown, summary
+from pipeline.stages import benchmark, export_peers
 from tests.stage_fixtures import tiny_config
 
 
@@ -212,7 +213,7 @@ def test_a_cpu_without_an_ortquantizer_preset_leaves_that_peer_out_with_the_reas
     assert built["peers"] == {} and not (root / "peers" / "distilbert" / peers.ORT_PEER).exists()
     timed, skipped = benchmark.peer_artifacts(root, cfg)
     assert timed == [] and "no AutoQuantizationConfig preset" in skipped["distilbert/onnx-ortquantizer-int8"]
-    section = "\n".join(report.peer_section([], cfg, skipped))
+    section = "\n".join(markdown.peer_section([], cfg, skipped))
     assert "distilbert/onnx-ortquantizer-int8: not built on this machine: no AutoQuantizationConfig preset" in section
 
 
@@ -245,7 +246,7 @@ def test_the_report_says_where_ours_is_ahead_of_each_peer_beyond_the_noise_and_w
               "size_mb": 66.5, "interleaved_with_ours": slower_in_turn, "latency_ms": slower_latency}
     mixed = {"name": "distilbert/torch-dynamic-int8", "tool": "torch.ao", "peer_of": ours["name"], "size_mb": 132.0,
              "interleaved_with_ours": mixed_in_turn, "latency_ms": {**mixed_latency, "seq128": {"threads2": None}}}
-    rows = report.peer_comparison({"artifacts": [ours, slower, mixed]}, cfg)
+    rows = summary.peer_comparison({"artifacts": [ours, slower, mixed]}, cfg)
     assert [row["name"] for row in rows] == [slower["name"], mixed["name"]]
     assert rows[0]["latency"]["seq384"]["threads1"] == {"peer_p50": 125.0, "peer_p90": 137.5, "ours_p50": 100.0,
                                                         "ours_p90": 110.0, "ratio": 1.25, "verdict": "ahead",
@@ -256,12 +257,12 @@ def test_the_report_says_where_ours_is_ahead_of_each_peer_beyond_the_noise_and_w
     assert rows[1]["size_ratio"] == 2.0 and "threads2" not in rows[1]["latency"]["seq128"]
     assert rows[1]["latency"]["seq128"]["threads1"]["verdict"] == "within noise"  # 31 is inside ours' 30 to 33
     assert rows[1]["latency"]["seq384"]["threads1"]["verdict"] == "behind"  # its p90 88 is below our p50 100
-    verdicts = [report.peer_verdict(row) for row in rows]
+    verdicts = [markdown.peer_verdict(row) for row in rows]
     assert "is ahead at 4 of 4 points" in verdicts[0] and "seq 384, 1 thr: 1.25x" in verdicts[0]
     assert "ahead at 1 of 3 points (seq 384, 2 thr: 1.17x)" in verdicts[1]  # 70 against 60
     assert "within the run-to-run spread (p50 to p90) at 1 of 3 points (seq 128, 1 thr: 1.03x)" in verdicts[1]
     assert "**behind** at 1 of 3 points (seq 384, 1 thr: 0.80x)" in verdicts[1]
-    section = "\n".join(report.peer_section(rows, cfg))
+    section = "\n".join(markdown.peer_section(rows, cfg))
     assert "125.0 / 100.0 = 1.25x, ahead |" in section and "70.0 / 60.0 = 1.17x, ahead, separate" in section
     assert "n/a" in section
 
@@ -290,10 +291,10 @@ def test_the_x86_targets_recipe_is_held_to_the_floor_and_speedup_goals_and_its_p
     summary_data = {"full_size": [{"name": "distilbert/onnx-int8-optimized"}], "ratios": ratios,
                     "gemm_floor": {"ratio": 2.02, "openvino": {"distilbert/openvino-nncf-int8-f32": 1.39,
                                                                "distilbert/openvino-nncf-int8-default": 1.30}}}
-    rows = {row["goal"]: row for row in report.goals(summary_data, {}, {}, longest)}
+    rows = {row["goal"]: row for row in summary.goals(summary_data, {}, {}, longest)}
     floor = {goal: row for goal, row in rows.items() if "GEMM floor" in goal}
     assert [(row["value"], row["met"]) for row in floor.values()] == [(2.02, False), (1.39, False), (1.30, True)]
-    assert all(row["target"] == f"<= {report.FLOOR_RATIO_GOAL}" for row in floor.values())
+    assert all(row["target"] == f"<= {summary.FLOOR_RATIO_GOAL}" for row in floor.values())
     speedups = [row for goal, row in rows.items() if "x86" in goal and "bert-base" in goal]
     assert [(row["value"], row["met"]) for row in speedups] == [(13.3, True), (14.2, True)]
     ours = [{"op": "DynamicQuantizeMatMul", "ms_per_run": 30.0, "share": 0.5},
@@ -302,7 +303,7 @@ def test_the_x86_targets_recipe_is_held_to_the_floor_and_speedup_goals_and_its_p
     theirs = [{"op": "FullyConnected (brgemm_avx512_I8)", "ms_per_run": 30.0, "share": 0.75},
               {"op": "MVN (jit_avx512_f32)", "ms_per_run": 1.0, "share": 0.025},
               {"op": "Subgraph (jit_avx512_i8)", "ms_per_run": 9.0, "share": 0.225}]
-    lines = report.openvino_analysis({"distilbert/onnx-int8-optimized": ours, "distilbert/openvino-nncf-int8-f32": theirs})
+    lines = markdown.openvino_analysis({"distilbert/onnx-int8-optimized": ours, "distilbert/openvino-nncf-int8-f32": theirs})
     assert lines == ["- distilbert/openvino-nncf-int8-f32 against onnxruntime on distilbert/onnx-int8-optimized, ms "
                      "per run: int8 GEMMs 30.0 vs 30.0; layer norms 1.0 vs 6.0; attention and elementwise 9.0 vs "
                      "12.0; other 0.0 vs 12.0."]

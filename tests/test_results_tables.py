@@ -1,8 +1,8 @@
-"""The published figures come from committed result files (pipeline/results_tables.py)."""
+"""The published figures come from committed result files (pipeline/reporting/results_tables.py)."""
 
 import json
 
-from pipeline import results_tables
+from pipeline.reporting import results_tables
 
 
 def test_the_readme_and_results_tables_are_what_the_committed_result_files_give():

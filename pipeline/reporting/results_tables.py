@@ -23,9 +23,10 @@ from pathlib import Path
 
 from pipeline.artifacts import atomic_write_json, atomic_write_text, read_json
 from pipeline.machine import cpu_description
-from pipeline.stages.report import FLOOR_RATIO_GOAL
+from pipeline.reporting.formatting import minutes, number, p50, percent
+from pipeline.reporting.summary import FLOOR_RATIO_GOAL
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 RESULTS_DIR = PROJECT_ROOT / "results"
 # Stage folders whose metrics.json a reference run keeps (the predictions and models stay behind: too big).
 STAGE_METRICS = {"prepare_data": "data", "teacher_pretrain": "teacher_pretrain", "teacher_finetune": "teacher",
@@ -92,24 +93,10 @@ def read_runs(results_dir: Path = RESULTS_DIR) -> list[dict]:
     return sorted(runs, key=lambda run: (run["simd"] != "native", run["name"]))  # the CPU's own SIMD first
 
 
-def minutes(seconds: float | None) -> str:
-    if seconds is None:
-        return "n/a"
-    whole_minutes, rest = divmod(round(seconds), 60)  # rounded first: 239.7 s is 4:00, not 3:60
-    return f"{whole_minutes}:{rest:02d}"
-
-
-def number(value, digits: int = 2) -> str:
-    return "n/a" if value is None else f"{value:.{digits}f}"
-
 
 def artifact(summary: dict, name: str) -> dict:
     return next((item for item in summary["artifacts"] + summary["full_size"] if item["name"] == name), {})
 
-
-def p50(item: dict, length: int, threads: int = 1) -> float | None:
-    cell = ((item.get("latency_ms") or {}).get(f"seq{length}") or {}).get(f"threads{threads}")
-    return cell["p50"] if cell else None
 
 
 def cpu_label(run: dict) -> str:
@@ -180,9 +167,6 @@ def runs_table(runs: list[dict]) -> str:
     row("commit", [f"`{run['commit'][:10]}`" for run in runs])
     return "\n".join(lines)
 
-
-def percent(value) -> str:
-    return "n/a" if value is None else f"{value:.1%}"
 
 
 def em_f1(metrics: dict | None) -> str:
