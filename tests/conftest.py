@@ -62,12 +62,17 @@ def exported_student(tmp_path_factory) -> dict:
 BACKGROUND_BUILDS = ("dag_run", "documented_offline_deploy", "distributed_runs")
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the marker is what it selects on
 def pytest_collection_modifyitems(items):
-    """The tests that read a background build run last, those of each build together in the order above, so that
-    the builds overlap the other tests (and the torchrun runs the tests of the others)."""
+    """The tests that read a background build are marked `integration` (the end-to-end builds: `pytest -m "not
+    integration"` leaves them out) and run last, those of each build together in the order above, so that the
+    builds overlap the other tests (and the torchrun runs the tests of the others)."""
     def reads(item) -> int:
         return next((order for order, name in enumerate(BACKGROUND_BUILDS) if name in item.fixturenames), -1)
 
+    for item in items:
+        if reads(item) >= 0:
+            item.add_marker(pytest.mark.integration)
     items.sort(key=reads)
 
 
