@@ -91,7 +91,8 @@ def plot_accuracy(summary_data: dict, out_dir: Path, length: int) -> None:
     axis.set_ylabel("dev F1")
     axis.set_title(f"Dev F1 vs latency on {summary_data['machine']['cpu']} (CoreML not timed on Linux)\n"
                    "unlabelled squares: the int8 search recipes (report.md names each)", fontsize=10)
-    axis.legend(handles=legend_models + legend_formats[:3], fontsize=8, loc="lower right")
+    timed_formats = [handle for handle in legend_formats if handle.get_label() != "coreml"]  # timed on macOS only
+    axis.legend(handles=legend_models + timed_formats, fontsize=8, loc="lower right")
     figure.tight_layout()
     figure.savefig(out_dir / "f1_vs_latency.png", dpi=120)
     plt.close(figure)
