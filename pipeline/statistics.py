@@ -2,7 +2,7 @@
 the binomial (Wilson) interval of an agreement rate, and Student's t interval over seeds.
 
 A figure measured on N dev questions has its own noise; a gate or a comparison that ignores it decides by chance
-when two values are close. These are the few formulas the gates (pipeline/gates.py), the bundle's choice
+when two values are close. These are the few formulas the gates (pipeline/export/gates.py), the bundle's choice
 (pipeline/export/int8.py) and the study (stages/study.py) share.
 """
 

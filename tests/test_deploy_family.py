@@ -16,7 +16,7 @@ from huggingface_hub import ModelCard
 from pipeline import onnx_qa
 from pipeline.deploy import DeployError, check_local_model
 from pipeline.export import coreml, model_types, onnx_graph
-from pipeline.gates import GateError
+from pipeline.export.gates import GateError
 from pipeline.stages import bundle, deploy_model, export_coreml, export_onnx, prepare_data, quantize
 from tests.conftest import PROJECT_ROOT, SHARED_SQUAD_SAMPLE
 from tests.deploy_run import TINY_QA_CONFIGS, tiny_qa_model_with_its_own_vocabulary

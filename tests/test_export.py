@@ -12,7 +12,7 @@ import pytest
 
 from pipeline import onnx_qa
 from pipeline.manifests import verify_manifest, write_manifest
-from pipeline.gates import GateError
+from pipeline.export.gates import GateError
 from pipeline.export import coreml, int8, onnx_graph
 from pipeline.stages import export_coreml, export_full_size, export_onnx, quantize
 from tests.conftest import PROJECT_ROOT
@@ -489,7 +489,8 @@ def test_the_full_size_search_takes_the_recipes_that_passed_everywhere_else_on_t
 
 
 def test_exports_are_scored_on_the_first_dev_questions_against_pytorch_on_the_same_ones(built):
-    from pipeline import gates, squad
+    from pipeline import squad
+    from pipeline.export import gates
 
     first = gates.gate_questions(built["data"], built["student"], 5)
     every = gates.gate_questions(built["data"], built["student"], None)

@@ -7,7 +7,7 @@ import pytest
 
 from pipeline.model_registry import TRAINED_MODELS
 from pipeline.export import int8, onnx_graph
-from pipeline.gates import GateError
+from pipeline.export.gates import GateError
 from pipeline.stages import int8_search
 from tests.stage_fixtures import tiny_config
 

@@ -8,7 +8,7 @@ import onnx
 import pytest
 
 from pipeline.export import int8, int8_tuning
-from pipeline.gates import gate_questions
+from pipeline.export.gates import gate_questions
 
 
 def quantized_op_inputs(path) -> set[str]:

@@ -14,7 +14,7 @@ from pipeline import squad
 from pipeline.artifacts import directory_size_bytes
 from pipeline.config import ConfigError, CoreMLConfig, PipelineConfig
 from pipeline.export.model_types import model_type_of
-from pipeline.gates import GateError
+from pipeline.export.gates import GateError
 
 # Added to masked attention scores. torch.finfo(float32).min overflows to -inf in float16 and can turn a softmax
 # into NaN; -1e4 is finite in float16 and still gives masked keys a weight of exp(-1e4) = 0.

@@ -20,7 +20,7 @@ from pipeline.artifacts import read_json
 from pipeline.model_registry import bundled_model, exported_models
 from pipeline.config import PipelineConfig, QuantizeConfig
 from pipeline.export.onnx_graph import MODEL_FILE, optimize_graph
-from pipeline.gates import GateError
+from pipeline.export.gates import GateError
 from pipeline.latency import compare_latency, fastest_first
 from pipeline.machine import cpu_description
 from pipeline.statistics import paired_bootstrap_interval

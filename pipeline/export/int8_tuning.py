@@ -10,7 +10,7 @@
                 quantized), then the most sensitive layers back to fp32, one at a time, until the tuning F1 drop
                 is within the target or the layer budget is spent. Only the recipes most accurate on the tuning
                 questions are tuned (each costs one build per layer).
-  gate          every variant answers the gated dev questions and is judged (pipeline/gates.py).
+  gate          every variant answers the gated dev questions and is judged (pipeline/export/gates.py).
   timing        every variant timed in turn in one process, and each fallen-back recipe beside its graph
                 without the fallback: what the fallback costs in latency.
   choice        among the variants that ship, proven before unproven, accuracy before speed (int8.py).
@@ -35,7 +35,7 @@ from pipeline.export.int8 import (MODEL_FILE, Int8Recipe, activation_matmuls, ca
                                   choose_bundle_variant, copy_side_files, fp32_graph, int8_recipes,
                                   quantization_settings, quantize_int4, quantize_int8, weight_storage)
 from pipeline.export.openvino_target import OPENVINO_VARIANT, build_and_gate
-from pipeline.gates import GateQuestions, compressed_model_report
+from pipeline.export.gates import GateQuestions, compressed_model_report
 from pipeline.latency import compare_latency
 from pipeline.machine import cpu_description
 from pipeline.statistics import per_question_f1

@@ -14,7 +14,7 @@ import numpy as np
 from pipeline import onnx_qa
 from pipeline.artifacts import read_json
 from pipeline.export.model_types import attention_shape, model_type_of
-from pipeline.gates import GateError
+from pipeline.export.gates import GateError
 
 FUSED_OPS = ("Attention", "MultiHeadAttention", "SkipLayerNormalization", "EmbedLayerNormalization", "BiasGelu",
              "FastGelu", "Gelu", "LayerNormalization")

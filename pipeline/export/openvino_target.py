@@ -18,7 +18,7 @@ import numpy as np
 from pipeline import onnx_qa
 from pipeline.artifacts import atomic_write_json, megabytes, read_json
 from pipeline.export.int8 import copy_side_files
-from pipeline.gates import GateQuestions, compressed_model_report
+from pipeline.export.gates import GateQuestions, compressed_model_report
 from pipeline.latency import synthetic_feed, time_calls
 from pipeline.manifests import library_versions
 from pipeline.spawn import in_spawned_process

@@ -34,7 +34,7 @@ from pipeline.export.hf_layout import write_hf_layout
 from pipeline.export.openvino_target import OPENVINO_FILE, OPENVINO_VARIANT
 from pipeline.export.openvino_target import predict as openvino_predict
 from pipeline.spawn import in_spawned_process
-from pipeline.gates import GateError, compressed_model_report, failure_lines, gate_questions, raise_for_failures
+from pipeline.export.gates import GateError, compressed_model_report, failure_lines, gate_questions, raise_for_failures
 from pipeline.model_card import bundle_card, write_model_card
 
 logger = logging.getLogger(__name__)

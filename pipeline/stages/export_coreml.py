@@ -27,7 +27,7 @@ from pipeline.config import PipelineConfig
 from pipeline.export.coreml import (MASKED_SCORE, check_lengths, check_package, convert, load_wrapped,
                                     proxy_predictions, read_package, weight_matrix_count)
 from pipeline.export.coreml_tuning import compress_with_fallback, proxy_tuning
-from pipeline.gates import compressed_model_report, gate_questions
+from pipeline.export.gates import compressed_model_report, gate_questions
 
 logger = logging.getLogger(__name__)
 

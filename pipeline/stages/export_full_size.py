@@ -27,7 +27,7 @@ from pipeline.export import int8
 from pipeline.export.full_size import (PARITY_WINDOWS, Architecture, build_int8_recipes, export_coreml_packages,
                                        random_windows, save_full_size, torch_logits)
 from pipeline.export.onnx_graph import MODEL_FILE, check_fusions, export_fp32, max_logit_difference, optimize_graph
-from pipeline.gates import enforce_if_strict, logit_parity_report
+from pipeline.export.gates import enforce_if_strict, logit_parity_report
 
 logger = logging.getLogger(__name__)
 

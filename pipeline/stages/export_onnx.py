@@ -28,7 +28,7 @@ from pipeline.manifests import atomic_output_dir, verify_input_dirs
 from pipeline.config import PipelineConfig
 from pipeline.export.onnx_graph import (MODEL_FILE, check_fusions, export_fp32, max_logit_difference, optimize_graph,
                                         windows_from_features)
-from pipeline.gates import (REJECTED, agreement_gate, enforce_if_strict, gate_questions, logit_parity_report,
+from pipeline.export.gates import (REJECTED, agreement_gate, enforce_if_strict, gate_questions, logit_parity_report,
                             overall_verdict)
 
 logger = logging.getLogger(__name__)

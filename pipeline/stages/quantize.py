@@ -14,7 +14,7 @@ reduce_range comes from export.quantize.target (this machine's CPU by default; a
 naive baseline's per-channel setting. Recipes that lose more than export.quantize.fallback's target on the tuning
 questions (never the gated ones) have their most sensitive layers fall back to fp32 (pipeline/export/int8_tuning.py:
 the whole search, in named steps). Each variant is answered with the torch-free answerer on the gated dev questions
-and judged (export.gates; pipeline/gates.py): proven, unproven or rejected; a rejected variant is not bundled, an
+and judged (export.gates; pipeline/export/gates.py): proven, unproven or rejected; a rejected variant is not bundled, an
 unproven one only without export.gates.strict (the bundle rule stops when nothing ships).
 
 The bundle takes, among the int8 variants that ship, the proven ones where there are any, of those the ones not
@@ -37,7 +37,7 @@ from pipeline.artifacts import atomic_write_json
 from pipeline.manifests import atomic_output_dir, verify_input_dirs
 from pipeline.config import PipelineConfig
 from pipeline.export.int8_tuning import search
-from pipeline.gates import gate_questions
+from pipeline.export.gates import gate_questions
 
 logger = logging.getLogger(__name__)
 

@@ -1,9 +1,9 @@
-"""The accuracy gates (pipeline/gates.py): three verdicts, judged on the measurement and its own noise."""
+"""The accuracy gates (pipeline/export/gates.py): three verdicts, judged on the measurement and its own noise."""
 
 import numpy as np
 import pytest
 
-from pipeline import gates
+from pipeline.export import gates
 from pipeline.statistics import wilson_interval
 
 
