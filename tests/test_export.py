@@ -100,7 +100,9 @@ def test_int8_variants_store_8_bit_weights_including_the_word_embeddings(built):
 
     report = json.loads((built["quantized"] / "quantize.json").read_text())
     recipes = int8.int8_recipes(built["cfg"].export.quantize, report["settings"])
-    assert set(report["variants"]) == {*recipes, "int4", "openvino-int8"}
+    # the x86 target, unless OpenVINO refused the model on this machine (then left out, saying why)
+    x86 = set() if "openvino-int8" in report["left_out_targets"] else {"openvino-int8"}
+    assert set(report["variants"]) == {*recipes, "int4", *x86}
     naive = onnx.load(str(built["quantized"] / "int8" / "model.onnx"))
     initializers = {i.name: i for i in naive.graph.initializer}
     gathers = [n for n in naive.graph.node if n.op_type == "Gather" and n.input[0] in initializers]
@@ -320,6 +322,8 @@ def test_the_x86_target_is_an_nncf_openvino_model_gated_on_its_own_answers(built
     from pipeline.spawn import in_spawned_process
 
     report = json.loads((built["quantized"] / "quantize.json").read_text())
+    if "openvino-int8" in report["left_out_targets"]:
+        pytest.skip(f"OpenVINO refused the model on this machine: {report['left_out_targets']['openvino-int8']}")
     x86 = report["variants"]["openvino-int8"]
     xml = built["quantized"] / x86["path"]
     assert x86["runtime"] == "openvino" and x86["path"] == "openvino-int8/openvino_model.xml"
@@ -354,6 +358,8 @@ def test_a_rejected_x86_target_is_left_out_of_the_bundle_which_still_ships(built
     quantized_dir = tmp_path / "quantized"
     shutil.copytree(built["quantized"], quantized_dir)
     report = json.loads((quantized_dir / "quantize.json").read_text())
+    if "openvino-int8" not in report["variants"]:
+        pytest.skip(f"OpenVINO refused the model on this machine: {report['left_out_targets']['openvino-int8']}")
     report["variants"]["openvino-int8"].update(passed=False, verdict="rejected")
     (quantized_dir / "quantize.json").write_text(json.dumps(report))
     write_manifest(quantized_dir)

@@ -60,10 +60,17 @@ def run(cfg: PipelineConfig, full_size_dir: Path, peers: str, out_dir: Path) -> 
             calibration = full_size.random_calibration(fp32, vocab_size, cfg.seed + 1)  # as our static recipes
             logger.info("building %s/%s with NNCF on %d calibration windows", architecture, peer_paths.OPENVINO_PEER,
                         len(calibration))
-            path, settings = peer_paths.build_nncf_int8(fp32, tmp / peer_paths.OPENVINO_PEER, calibration)
-            built[peer_paths.OPENVINO_PEER] = {
-                "path": str(path.relative_to(tmp)), "precision": "int8-nncf", "quantization": settings,
-                "size_mb": model_megabytes(path)}
+            try:
+                path, settings = peer_paths.build_nncf_int8(fp32, tmp / peer_paths.OPENVINO_PEER, calibration)
+            except RuntimeError as error:  # OpenVINO refuses the model on this CPU: the rest of the benchmark runs
+                lines = [line for line in str(error).splitlines() if line.strip()]
+                reason = lines[-1] if lines else type(error).__name__
+                skipped[f"{architecture}/{peer_paths.OPENVINO_PEER}"] = f"OpenVINO could not build it here: {reason}"
+                logger.warning("not built: %s/%s: %s", architecture, peer_paths.OPENVINO_PEER, reason)
+            else:
+                built[peer_paths.OPENVINO_PEER] = {
+                    "path": str(path.relative_to(tmp)), "precision": "int8-nncf", "quantization": settings,
+                    "size_mb": model_megabytes(path)}
         metrics = {"architecture": architecture, "peers": built, "skipped": skipped}
         atomic_write_json(tmp / "peers.json", metrics)
     return metrics
