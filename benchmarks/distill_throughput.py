@@ -80,7 +80,7 @@ from transformers import BertConfig, BertForMaskedLM
 from pipeline.artifacts import atomic_write_json
 from pipeline.chunked_lm_loss import ChunkLayout, chunk_shape_rows, round_up
 from pipeline.machine import cpu_description
-from pipeline.config import DistillPretrainConfig, TrainConfig, load_config
+from pipeline.config import DistillPretrainConfig, load_config
 from pipeline.corpus import TokenizedCorpus, token_budget_batches
 from pipeline.masking import selection_weights_from_counts
 from pipeline.mlm import MaskedBatchCollator, special_token_ids

@@ -41,9 +41,10 @@ def nncf_int8(fp32_onnx: Path, out_dir: Path, calibration: list[dict[str, np.nda
                               subset_size=len(calibration))
     out_dir.mkdir(parents=True, exist_ok=True)
     openvino.save_model(quantized, out_dir / OPENVINO_FILE, compress_to_fp16=False)
-    settings = {"tool": "nncf.quantize", **library_versions(("nncf", "openvino")), "model_type": "transformer",
-                "preset": "performance (nncf's default: symmetric int8)", "calibration_feeds": len(calibration)}
-    settings.pop("python")
+    versions = library_versions(("nncf", "openvino"))
+    settings = {"tool": "nncf.quantize", "nncf": versions["nncf"], "openvino": versions["openvino"],
+                "model_type": "transformer", "preset": "performance (nncf's default: symmetric int8)",
+                "calibration_feeds": len(calibration)}
     return out_dir / OPENVINO_FILE, settings
 
 
