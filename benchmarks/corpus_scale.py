@@ -1,7 +1,7 @@
 """Benchmark: the MLM data path at two corpus sizes, run through Snakemake as a user runs it (not a test).
 
 Evidence for the "memory flat in the data's size" convention (docs/scale.md). For each requested size it
-generates an English-like corpus file (pipeline/generated_corpus.py) (one document per line: paragraphs, headings and articles far longer than
+generates an English-like corpus file (pipeline/data/generated_corpus.py) (one document per line: paragraphs, headings and articles far longer than
 512 tokens), runs prepare_data -> tokenizer -> tokenize_corpus -> teacher_pretrain -> init_student ->
 distill_pretrain on it with 10 optimizer steps per training stage, and collects every rule's wall time and peak
 memory (Snakemake's benchmark TSVs, the stages' metrics.json, and each process's kernel high-water mark read from
@@ -36,10 +36,10 @@ from typing import Any, Iterator
 
 import yaml
 
-from pipeline.artifacts import atomic_write_json
-from pipeline.machine import cpu_description, high_water_mark_mb
-from pipeline.manifests import library_versions
-from pipeline.generated_corpus import generate_corpus
+from pipeline.data.generated_corpus import generate_corpus
+from pipeline.outputs.artifacts import atomic_write_json
+from pipeline.outputs.machine import cpu_description, high_water_mark_mb
+from pipeline.outputs.manifests import library_versions
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

@@ -7,7 +7,7 @@ run on a GPU. This script runs `distillation_terms`, the function the stage call
 initialised from it and moved off it by a little noise, sequences of up to 512 tokens from a random corpus, masked
 as the stage masks; a 16,384-token budget by default, as the padded path's whole-vocabulary loss holds [tokens x
 30,522] fp32 grids), once packed with the chunked loss (the stage's path) and once padded with the
-whole-vocabulary loss (the Hugging Face modules: pipeline/distillation_reference.py), and records:
+whole-vocabulary loss (the Hugging Face modules: pipeline/distillation/reference_loss.py), and records:
 
 - `fp32`: the two paths' loss terms and every student gradient in fp32 (dropout off, TF32 off), on each of the
   two micro-batches (the plan's first, and half of its second: sequences of other lengths). They compute the same
@@ -67,15 +67,15 @@ from benchmarks.distill_throughput import (
     teacher_and_student,
 )
 
-from pipeline.artifacts import atomic_write_json  # noqa: E402
-from pipeline.config import load_config  # noqa: E402
-from pipeline.corpus import TokenizedCorpus, token_budget_batches  # noqa: E402
-from pipeline.machine import cpu_description  # noqa: E402
-from pipeline.mlm import MaskedBatchCollator, pack_masked_batch  # noqa: E402
-from pipeline.packed_encoder import PackedDistilBertEncoder, encoder_inputs  # noqa: E402
-from pipeline.distillation_reference import reference_distillation_terms  # noqa: E402
+from pipeline.data.corpus import TokenizedCorpus, token_budget_batches  # noqa: E402
+from pipeline.data.mlm_batches import MaskedBatchCollator, pack_masked_batch  # noqa: E402
+from pipeline.distillation.packed_encoder import PackedDistilBertEncoder, encoder_inputs  # noqa: E402
+from pipeline.distillation.reference_loss import reference_distillation_terms  # noqa: E402
+from pipeline.distillation.students import freeze  # noqa: E402
+from pipeline.outputs.artifacts import atomic_write_json  # noqa: E402
+from pipeline.outputs.machine import cpu_description  # noqa: E402
+from pipeline.plan.config import load_config  # noqa: E402
 from pipeline.stages.distill_pretrain import distillation_terms, encoders  # noqa: E402
-from pipeline.students import freeze  # noqa: E402
 from pipeline.training.batching import to_device  # noqa: E402
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]

@@ -77,16 +77,16 @@ import transformers
 import yaml
 from transformers import BertConfig, BertForMaskedLM
 
-from pipeline.artifacts import atomic_write_json
-from pipeline.chunked_lm_loss import ChunkLayout, chunk_shape_rows, round_up
-from pipeline.machine import cpu_description
-from pipeline.config import DistillPretrainConfig, load_config
-from pipeline.corpus import TokenizedCorpus, token_budget_batches
-from pipeline.masking import selection_weights_from_counts
-from pipeline.mlm import MaskedBatchCollator, special_token_ids
+from pipeline.data.corpus import TokenizedCorpus, token_budget_batches
+from pipeline.data.masking import selection_weights_from_counts
+from pipeline.data.mlm_batches import MaskedBatchCollator, special_token_ids
+from pipeline.distillation.chunked_lm_loss import ChunkLayout, chunk_shape_rows, round_up
+from pipeline.distillation.students import freeze, init_student_from_teacher, student_config_from_teacher, teacher_layers_for_student
+from pipeline.measurement.statistics import t_interval
+from pipeline.outputs.artifacts import atomic_write_json
+from pipeline.outputs.machine import cpu_description
+from pipeline.plan.config import DistillPretrainConfig, load_config
 from pipeline.stages.distill_pretrain import distillation_terms, encoders
-from pipeline.statistics import t_interval
-from pipeline.students import freeze, init_student_from_teacher, student_config_from_teacher, teacher_layers_for_student
 from pipeline.training.batching import micro_batch_loader, to_device
 from pipeline.training.loop import build_optimizer, train
 from pipeline.training.run_settings import maybe_compile, peak_memory_mb
@@ -188,7 +188,7 @@ def real_sequence_lengths(batch: dict) -> tuple[int, ...]:
     n_real, lengths, total = int(batch["n_tokens"]), [], 0
     for length in batch["cu_seqlens"].diff().tolist():
         if total >= n_real:
-            break  # the padding sequences come after the real ones (pipeline.mlm.pack_masked_batch)
+            break  # the padding sequences come after the real ones (pipeline.data.mlm_batches.pack_masked_batch)
         lengths.append(int(length))
         total += int(length)
     if total != n_real:

@@ -69,10 +69,10 @@ from benchmarks.distill_throughput import (
     vocabulary_gemms,
 )
 
-from pipeline.artifacts import atomic_write_json  # noqa: E402
-from pipeline.chunked_lm_loss import PROFILER_RANGE  # noqa: E402
-from pipeline.corpus import token_budget_batches  # noqa: E402
-from pipeline.machine import cpu_description  # noqa: E402
+from pipeline.data.corpus import token_budget_batches  # noqa: E402
+from pipeline.distillation.chunked_lm_loss import PROFILER_RANGE  # noqa: E402
+from pipeline.outputs.artifacts import atomic_write_json  # noqa: E402
+from pipeline.outputs.machine import cpu_description  # noqa: E402
 from pipeline.training.loop import train  # noqa: E402
 from pipeline.training.run_settings import seed_everything  # noqa: E402
 

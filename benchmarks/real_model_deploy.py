@@ -73,15 +73,15 @@ def fine_tune(pretrained: Path, train_file: Path, out: Path) -> dict:
     import torch
     from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 
-    from pipeline import qa
-    from pipeline.config import SquadConfig
-    from pipeline.data import load_squad
+    from pipeline.data import qa_windows
+    from pipeline.data.squad_loading import load_squad
+    from pipeline.plan.config import SquadConfig
 
     torch.manual_seed(SEED)
     tokenizer = AutoTokenizer.from_pretrained(pretrained)
     model = AutoModelForQuestionAnswering.from_pretrained(pretrained)  # encoder loaded, qa_outputs new
     examples, _ = load_squad(str(train_file))
-    windows = qa.train_window_tensors(examples, tokenizer, SquadConfig(max_seq_length=MAX_SEQ_LENGTH,
+    windows = qa_windows.train_window_tensors(examples, tokenizer, SquadConfig(max_seq_length=MAX_SEQ_LENGTH,
                                                                         doc_stride=DOC_STRIDE))
     optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.01)
     n_windows = len(windows["input_ids"])
@@ -95,7 +95,7 @@ def fine_tune(pretrained: Path, train_file: Path, out: Path) -> dict:
             batch = {name: tensor[rows] for name, tensor in windows.items()}
             length = int(batch["attention_mask"].sum(dim=1).max())  # trim the padding every row shares
             batch = {name: tensor[:, :length] if tensor.dim() == 2 else tensor for name, tensor in batch.items()}
-            loss = model(**qa.model_inputs(batch, model), start_positions=batch["start_positions"],
+            loss = model(**qa_windows.model_inputs(batch, model), start_positions=batch["start_positions"],
                          end_positions=batch["end_positions"]).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -172,8 +172,8 @@ def variant_row(variant: dict) -> dict:
 
 def record(work: Path, prepared: dict, ran: dict, out: Path) -> dict:
     """The run's figures from the files the deploy wrote, beside this machine's CPU, into `out` (JSON)."""
-    from pipeline.artifacts import atomic_write_json, read_json
-    from pipeline.machine import cpu_description
+    from pipeline.outputs.artifacts import atomic_write_json, read_json
+    from pipeline.outputs.machine import cpu_description
 
     root = build_root(work)
     quantized = read_json(root / "quantized" / "deployed" / "quantize.json")

@@ -6,7 +6,7 @@ import functools
 import importlib
 import sys
 
-from pipeline.commands import COMMANDS, STAGES, TOOLS
+from pipeline.plan.commands import COMMANDS, STAGES, TOOLS
 
 
 
@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
         print(usage)
         return 0
     if argv[0] in STAGES:
-        from pipeline import stage_cli
+        from pipeline.plan import stage_cli
 
         entry_point = functools.partial(stage_cli.main, argv[0])
     else:

@@ -5,14 +5,14 @@ import shlex
 import sys
 from pathlib import Path
 
-from pipeline import study_runs
-from pipeline.model_registry import bundled_model, exported_models, trained_models
-from pipeline.code_inputs import command_code_files
-from pipeline.config import PipelineConfig, from_dict, to_dict
-from pipeline.data_sources import check_local_files, configured_local_paths, local_data_files
-from pipeline.deploy import check_local_model, deploy_root
+from pipeline.plan import study_runs
+from pipeline.plan.model_registry import bundled_model, exported_models, trained_models
+from pipeline.plan.code_inputs import command_code_files
+from pipeline.plan.config import PipelineConfig, from_dict, to_dict
+from pipeline.plan.data_sources import check_local_files, configured_local_paths, local_data_files
+from pipeline.plan.deploy import check_local_model, deploy_root
 from pipeline.export.peers import BUILT_PEERS
-from pipeline.stage_cli import stage_arguments
+from pipeline.plan.stage_cli import stage_arguments
 
 CFG = from_dict(PipelineConfig, config)  # cross-field checks the schema cannot express
 FULL = to_dict(CFG)
@@ -105,7 +105,7 @@ def check_layer_mappings():
     """A from-scratch teacher's depth is known now: a layer mapping outside it stops the run before any job."""
     if not TEACHER_FROM_SCRATCH:
         return  # a hub teacher's depth is known once it is loaded; init_student and distill_squad check it then
-    from pipeline.students import teacher_layers_for_student
+    from pipeline.distillation.students import teacher_layers_for_student
 
     n_teacher = CFG.teacher.architecture.num_layers
     n_student = CFG.student.n_layers or max(1, n_teacher // 2)
@@ -161,7 +161,7 @@ def stage_shell(command, training=False, threads_variable=None, **arguments):
     """The shell command of a stage rule: `python -m pipeline <command> --config-json {params.cfg:q}` and one flag
     per keyword, its output to the rule's log. The keywords are the stage function's parameter names and their
     values shell text, mostly placeholders (model_dir="{input.model:q}" gives --model-dir {input.model:q}); a
-    keyword the stage does not take, or a required parameter left out, stops planning (pipeline/stage_cli.py).
+    keyword the stage does not take, or a required parameter left out, stops planning (pipeline/plan/stage_cli.py).
     training=True launches it as compute.processes processes (torchrun, PyTorch DDP) on each of compute.nodes nodes
     with the precision as accelerate's ACCELERATE_MIXED_PRECISION and OMP_NUM_THREADS the rule's threads per
     process; threads_variable (OMP_NUM_THREADS, RAYON_NUM_THREADS) is set to the rule's threads. Threads are

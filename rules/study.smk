@@ -16,7 +16,7 @@ rule study_run:
         teacher=rules.teacher_finetune.output[0],
         mlm_teacher=[MLM_TEACHER] if AUGMENT and TEACHER_FROM_SCRATCH else [],
         data=rules.prepare_data.output[0],
-        code=code("distill-squad"),  # the run's objectives (pipeline/study_runs.py) reach it as params.cfg
+        code=code("distill-squad"),  # the run's objectives (pipeline/plan/study_runs.py) reach it as params.cfg
     output:
         directory(f"{ROOT}/study/{{run}}/seed{{seed}}"),
     wildcard_constraints:

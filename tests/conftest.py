@@ -23,7 +23,7 @@ SHARED_SQUAD_SAMPLE = PROJECT_ROOT.parent / "shared" / "data" / "squad2-dev-samp
 
 def machine_line() -> str:
     """The CPU the suite ran on, as every figure names it: its time differs between the CPU kinds it meets."""
-    from pipeline.machine import cpu_description
+    from pipeline.outputs.machine import cpu_description
 
     cpu = cpu_description()
     return f"cpu: {cpu['model_name']}, {os.cpu_count()} cores ({' '.join(cpu['simd_flags']) or 'no SIMD flags read'})"

@@ -66,12 +66,12 @@ def fine_tune_briefly(model, tokenizer, dev_file: Path, steps: int, batch_size: 
     test scores): logits with some margin, as a trained model has, not a random model's near-flat ones."""
     import torch
 
-    from pipeline import qa
-    from pipeline.config import SquadConfig
-    from pipeline.data import load_squad
+    from pipeline.data import qa_windows
+    from pipeline.data.squad_loading import load_squad
+    from pipeline.plan.config import SquadConfig
 
     examples, _ = load_squad(str(dev_file))
-    windows = qa.train_window_tensors(examples.select(range(60, len(examples))), tokenizer,
+    windows = qa_windows.train_window_tensors(examples.select(range(60, len(examples))), tokenizer,
                                       SquadConfig(max_seq_length=128, doc_stride=32))
     holding_the_answer = windows["start_positions"] > 0  # the others teach only "point at [CLS]"
     windows = {name: tensor[holding_the_answer] for name, tensor in windows.items()}
@@ -84,7 +84,7 @@ def fine_tune_briefly(model, tokenizer, dev_file: Path, steps: int, batch_size: 
     for _ in range(steps):
         rows = torch.randint(len(windows["input_ids"]), (batch_size,), generator=generator)
         batch = {name: tensor[rows] for name, tensor in windows.items()}
-        loss = model(**qa.model_inputs(batch, model), start_positions=batch["start_positions"],
+        loss = model(**qa_windows.model_inputs(batch, model), start_positions=batch["start_positions"],
                      end_positions=batch["end_positions"]).loss
         loss.backward()
         optimizer.step()

@@ -42,7 +42,7 @@ class DistributedRuns:
 
 def distill_command(artifacts: dict, out: Path, processes: int, batch_size: int, launcher: list[str] | None = None,
                     node_local_dir: str = "") -> list[str]:
-    from pipeline.config import to_dict
+    from pipeline.plan.config import to_dict
     from tests.stage_fixtures import tiny_config
 
     # Token-budget batches of up to batch_size sequences of 64 tokens (configs/test.yaml's max_seq_length), two

@@ -5,8 +5,8 @@ from pathlib import Path
 import torch
 from transformers import BertConfig, BertForMaskedLM, BertForQuestionAnswering
 
-from pipeline.artifacts import atomic_write_json
-from pipeline.config import PipelineConfig, load_config
+from pipeline.outputs.artifacts import atomic_write_json
+from pipeline.plan.config import PipelineConfig, load_config
 from pipeline.stages import init_student, prepare_data, tokenize_corpus, tokenizer
 from pipeline.stages.teacher import teacher_config_from_scratch
 from tests.conftest import PROJECT_ROOT
@@ -55,8 +55,8 @@ def tiny_qa_model_dir(root: Path, paths: dict[str, Path], cfg: PipelineConfig, d
     import torch
     from transformers import AutoTokenizer, DistilBertForQuestionAnswering, BertForQuestionAnswering
 
-    from pipeline import qa
-    from pipeline.data import load_squad
+    from pipeline.data import qa_windows
+    from pipeline.data.squad_loading import load_squad
 
     torch.manual_seed(0)
     source = paths["student"] if distilbert else paths["qa_teacher"]
@@ -64,7 +64,7 @@ def tiny_qa_model_dir(root: Path, paths: dict[str, Path], cfg: PipelineConfig, d
     model = model_class.from_pretrained(source).eval()
     tokenizer = AutoTokenizer.from_pretrained(paths["tokenizer"])
     dev, _ = load_squad(str(paths["data"] / "dev.jsonl"))
-    metrics, predictions = qa.evaluate_qa(model, tokenizer, dev, cfg.squad, torch.device("cpu"))
+    metrics, predictions = qa_windows.evaluate_qa(model, tokenizer, dev, cfg.squad, torch.device("cpu"))
     out = root / ("distilbert_qa" if distilbert else "bert_qa")
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)

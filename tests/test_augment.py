@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import BertForMaskedLM, BertTokenizerFast
 
-from pipeline.augment import NO_GOLD_POSITION, augment_windows, continuation_token_mask, replaceable_positions
+from pipeline.data.augment import NO_GOLD_POSITION, augment_windows, continuation_token_mask, replaceable_positions
 from tests.stage_fixtures import tiny_bert_config
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "who", "was", "born", "in", "paris", "lyon", "nice",

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.manifests import atomic_output_dir, ManifestError, write_manifest
-from pipeline.config import TrainConfig
+from pipeline.outputs.manifests import atomic_output_dir, ManifestError, write_manifest
+from pipeline.plan.config import TrainConfig
 from pipeline.training.loop import train
 from tests.conftest import PROJECT_ROOT
 from tests.dry_run import command_line_dry_run

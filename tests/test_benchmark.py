@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from pipeline.config import BenchmarkConfig, PipelineConfig
 from pipeline.export import int8, onnx_graph
+from pipeline.plan.config import BenchmarkConfig, PipelineConfig
 from pipeline.reporting import formatting, markdown, plots, summary
 from pipeline.stages import benchmark
 from tests.conftest import PROJECT_ROOT
@@ -114,7 +114,7 @@ def test_the_report_shows_chromium_entries_at_each_thread_count_in_the_summary_s
 def test_session_option_sets_change_speed_settings_not_answers(tiny_int8):
     import numpy as np
 
-    from pipeline.latency import SESSION_OPTIONS, onnx_session, synthetic_feed
+    from pipeline.measurement.latency import SESSION_OPTIONS, onnx_session, synthetic_feed
 
     outputs = {}
     for option_set in SESSION_OPTIONS:

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from pipeline import chunked_lm_loss
-from pipeline.chunked_lm_loss import (
+from pipeline.distillation import chunked_lm_loss
+from pipeline.distillation.chunked_lm_loss import (
     ChunkLayout,
     LmHeadLossWeights,
     VocabProjection,
@@ -21,7 +21,7 @@ from pipeline.chunked_lm_loss import (
     chunk_terms_and_logit_gradient,
     chunked_lm_head_losses,
 )
-from pipeline.losses import IGNORED_LABEL, mlm_distillation_terms, mlm_distillation_terms_in_chunks
+from pipeline.distillation.losses import IGNORED_LABEL, mlm_distillation_terms, mlm_distillation_terms_in_chunks
 from tests.test_losses import DataDependentOps
 
 N_TOKENS, HIDDEN, TEACHER_HIDDEN = 40, 16, 24

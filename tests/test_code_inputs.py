@@ -1,4 +1,4 @@
-"""pipeline/code_inputs.py and the rules' code inputs: each rule lists exactly its stage's import closure (so an
+"""pipeline/plan/code_inputs.py and the rules' code inputs: each rule lists exactly its stage's import closure (so an
 edit to any module it reaches reruns it), and no stage module imports another stage."""
 
 import functools
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import code_inputs
-from pipeline.commands import COMMANDS
+from pipeline.plan import code_inputs
+from pipeline.plan.commands import COMMANDS
 from tests.conftest import PROJECT_ROOT
 
 PACKAGE = PROJECT_ROOT / "pipeline"
@@ -50,8 +50,9 @@ def test_a_relative_import_is_refused_by_file_and_line(tmp_path, monkeypatch):
 
 def test_the_teacher_stage_reaches_the_modules_its_imports_reach():
     files = {Path(path).relative_to(PACKAGE).as_posix() for path in code_inputs.command_code_files("teacher-finetune")}
-    assert {"stages/teacher.py", "training/loop.py", "training/batching.py", "students.py", "losses.py", "errors.py", "__main__.py"} <= files
-    assert "stages/distill_squad.py" not in files and "onnx_qa.py" not in files
+    assert {"stages/teacher.py", "training/loop.py", "training/batching.py", "distillation/students.py",
+            "distillation/losses.py", "errors.py", "__main__.py"} <= files
+    assert "stages/distill_squad.py" not in files and "runtime/answering.py" not in files
 
 
 @functools.lru_cache(maxsize=None)

@@ -7,7 +7,7 @@ import yaml
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from pipeline.config import ConfigError, PipelineConfig, from_dict, load_config, pipeline_schema_yaml, to_dict, deep_merge
+from pipeline.plan.config import ConfigError, PipelineConfig, from_dict, load_config, pipeline_schema_yaml, to_dict, deep_merge
 from tests.conftest import PROJECT_ROOT
 
 CONFIGS = PROJECT_ROOT / "configs"

@@ -13,11 +13,11 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from pipeline import corpus_writer
-from pipeline.config import ConfigError, DataConfig, TrainConfig
-from pipeline.corpus import MIN_SEQUENCE_TOKENS, TokenizedCorpus, chunk_documents, token_budget_batches
-from pipeline.corpus_writer import CorpusSource, corpus_source, is_heldout, tokenize_corpus
-from pipeline.mlm import MaskedBatchCollator
+from pipeline.data import corpus_writer
+from pipeline.data.corpus import MIN_SEQUENCE_TOKENS, TokenizedCorpus, chunk_documents, token_budget_batches
+from pipeline.data.corpus_writer import CorpusSource, corpus_source, is_heldout, tokenize_corpus
+from pipeline.data.mlm_batches import MaskedBatchCollator
+from pipeline.plan.config import ConfigError, DataConfig, TrainConfig
 from pipeline.stages import prepare_data, tokenizer as tokenizer_stage
 from tests.conftest import PROJECT_ROOT
 from tests.stage_fixtures import tiny_config
@@ -148,7 +148,7 @@ def tokenize_in_a_fresh_process(tmp_path, tokenizer_dir, source, workers, piece_
     script = textwrap.dedent(f"""
         from pathlib import Path
         from tokenizers import Tokenizer
-        import pipeline.corpus_writer as corpus
+        import pipeline.data.corpus_writer as corpus
         corpus.TEXT_PIECE_BYTES = {piece_bytes}
         tokenizer_file = Path({str(tokenizer_dir / "tokenizer.json")!r})
         corpus.tokenize_corpus(corpus.CorpusSource({source.kind!r}, {source.location!r}), tokenizer_file,

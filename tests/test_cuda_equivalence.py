@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-import pipeline.packed_encoder
+import pipeline.distillation.packed_encoder
 from benchmarks import cuda_equivalence as script
 
 SMOKE = ["--device", "cpu", "--teacher-layers", "2", "--student-layers", "1", "--hidden", "32", "--intermediate", "64",
@@ -44,7 +44,7 @@ def test_a_packed_attention_that_attends_across_sequences_fails_the_fp32_check(t
             *(x.transpose(0, 1) for x in (query, key, value)), dropout_p=dropout_p)
         return context.transpose(0, 1)
 
-    monkeypatch.setattr(pipeline.packed_encoder, "_grid_attention", across_sequences)
+    monkeypatch.setattr(pipeline.distillation.packed_encoder, "_grid_attention", across_sequences)
     out = tmp_path / "equivalence.json"
     assert script.main([*SMOKE, "--checks", "fp32", "--out", str(out)]) == 1
     record = json.loads(out.read_text())
@@ -54,7 +54,7 @@ def test_a_packed_attention_that_attends_across_sequences_fails_the_fp32_check(t
 
 def test_the_dropout_check_fails_when_attention_dropout_is_not_applied(tmp_path, monkeypatch):
     # The student's other dropouts are off in the check, so the attention's alone must make training differ.
-    monkeypatch.setattr(pipeline.packed_encoder, "_attention_dropout", lambda module, probability: 0.0)
+    monkeypatch.setattr(pipeline.distillation.packed_encoder, "_attention_dropout", lambda module, probability: 0.0)
     out = tmp_path / "equivalence.json"
     assert script.main([*SMOKE, "--checks", "attention_dropout", "--out", str(out)]) == 1
     dropout = json.loads(out.read_text())["checks"]["attention_dropout"]

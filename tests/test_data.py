@@ -1,4 +1,4 @@
-"""pipeline.data: SQuAD files load into the hub "squad" columns, and bad data fails with a message that points at it."""
+"""pipeline.data.squad_loading: SQuAD files load into the hub "squad" columns, and bad data fails with a message that points at it."""
 
 import json
 import logging
@@ -6,9 +6,9 @@ import logging
 import datasets
 import pytest
 
-from pipeline.config import PipelineConfig, from_dict
-from pipeline.data import DataError, LoadReport, load_squad
-from pipeline.data_sources import MissingSourceError, check_local_files, looks_like_a_path
+from pipeline.data.squad_loading import DataError, LoadReport, load_squad
+from pipeline.plan.config import PipelineConfig, from_dict
+from pipeline.plan.data_sources import MissingSourceError, check_local_files, looks_like_a_path
 
 PARIS_CONTEXT = "Paris is the capital of France. Lyon is the third city."  # "France" at 24, "Lyon" at 32
 
@@ -79,7 +79,7 @@ def test_squad_v2_json_excludes_and_counts_unanswerable_questions(tmp_path, capl
     ]
     source = write_json(tmp_path / "dev.json", squad_document(qas, version="v2.0"))
 
-    with caplog.at_level(logging.INFO, logger="pipeline.data"):
+    with caplog.at_level(logging.INFO, logger="pipeline.data.squad_loading"):
         dataset, report = load_squad(source)
 
     assert dataset["id"] == ["q1"]
@@ -287,7 +287,7 @@ def test_skip_mode_drops_and_counts_bad_examples_and_keeps_the_first_reasons(tmp
     records.append({key: value for key, value in column_record("no-title", [("Paris", 0)]).items() if key != "title"})
     source = write_jsonl(tmp_path / "train.jsonl", records)
 
-    with caplog.at_level(logging.WARNING, logger="pipeline.data"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.data.squad_loading"):
         dataset, report = load_squad(source, on_bad_example="skip")
 
     assert dataset["id"] == ["good", "also-good"]

@@ -1,4 +1,4 @@
-"""Target deploy (pipeline/deploy.py, stage deploy_model, the deploy DAG): an existing QA model exported, gated,
+"""Target deploy (pipeline/plan/deploy.py, stage deploy_model, the deploy DAG): an existing QA model exported, gated,
 bundled and benchmarked as it is, with no training; models the exporters cannot take are refused with the reason."""
 
 import json
@@ -9,8 +9,8 @@ import pytest
 from huggingface_hub import ModelCard
 from transformers import BertForMaskedLM, BertForQuestionAnswering, BertTokenizerFast, RobertaConfig
 
-from pipeline.config import ConfigError
-from pipeline.deploy import DeployError, check_local_model, deploy_root, load_deployable
+from pipeline.plan.config import ConfigError
+from pipeline.plan.deploy import DeployError, check_local_model, deploy_root, load_deployable
 from tests.dag_run import snakemake_command
 from tests.deploy_run import answerable_questions, tiny_qa_model_with_its_own_vocabulary
 from tests.dry_run import command_line_dry_run
@@ -178,7 +178,7 @@ def test_the_readme_command_plans_the_deploy_dag_with_no_training_rule(tmp_path)
 
 
 def test_prepare_data_for_a_deploy_writes_the_dev_set_only(squad2_dev_sample, tmp_path):
-    from pipeline.data_sources import configured_local_paths
+    from pipeline.plan.data_sources import configured_local_paths
     from pipeline.stages import prepare_data
 
     cfg = tiny_config(deploy={"model": "owner/qa"}, data={"squad": "squad", "squad_dev": str(squad2_dev_sample),
@@ -200,8 +200,8 @@ def test_deploy_model_answers_with_the_models_own_predictions(squad2_dev_sample,
     model's differ), saved beside the model with the scores and the card."""
     import torch
 
-    from pipeline import qa
-    from pipeline.data import load_squad
+    from pipeline.data import qa_windows
+    from pipeline.data.squad_loading import load_squad
     from pipeline.stages import deploy_model, prepare_data
 
     tiny_qa_model_with_its_own_vocabulary(tmp_path / "qa", squad2_dev_sample)
@@ -215,9 +215,9 @@ def test_deploy_model_answers_with_the_models_own_predictions(squad2_dev_sample,
     dev, _ = load_squad(str(tmp_path / "data" / "dev.jsonl"))
     tokenizer = BertTokenizerFast.from_pretrained(tmp_path / "qa")
     model = BertForQuestionAnswering.from_pretrained(tmp_path / "qa").eval()
-    own_metrics, own = qa.evaluate_qa(model, tokenizer, dev, cfg.squad, torch.device("cpu"))
+    own_metrics, own = qa_windows.evaluate_qa(model, tokenizer, dev, cfg.squad, torch.device("cpu"))
     assert predictions == own and metrics["f1"] == own_metrics["f1"] and len(predictions) == 40
-    _, others = qa.evaluate_qa(other.eval(), tokenizer, dev, cfg.squad, torch.device("cpu"))
+    _, others = qa_windows.evaluate_qa(other.eval(), tokenizer, dev, cfg.squad, torch.device("cpu"))
     assert others != predictions
     saved = BertForQuestionAnswering.from_pretrained(tmp_path / "deployed").eval()
     assert all(torch.equal(a, b) for a, b in zip(saved.state_dict().values(), model.state_dict().values()))

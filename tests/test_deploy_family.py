@@ -13,10 +13,10 @@ import onnxruntime
 import pytest
 from huggingface_hub import ModelCard
 
-from pipeline import onnx_qa
-from pipeline.deploy import DeployError, check_local_model
 from pipeline.export import coreml, model_types, onnx_graph
 from pipeline.export.gates import GateError
+from pipeline.plan.deploy import DeployError, check_local_model
+from pipeline.runtime import answering
 from pipeline.stages import bundle, deploy_model, export_coreml, export_onnx, prepare_data, quantize
 from tests.conftest import PROJECT_ROOT, SHARED_SQUAD_SAMPLE
 from tests.deploy_run import TINY_QA_CONFIGS, tiny_qa_model_with_its_own_vocabulary
@@ -82,7 +82,7 @@ def test_the_onnx_graphs_take_token_types_match_pytorch_and_have_the_types_fusio
     fused = export["optimized"]["fused_ops"]
     if deployed["model_type"] == "electra":  # BERT's fusions: one Attention a layer, a skip-LayerNorm a sublayer
         assert (fused["Attention"], fused["SkipLayerNormalization"], fused["EmbedLayerNormalization"]) == (2, 4, 1)
-    else:  # MobileBERT with NoNorm, as released: nothing matches (pipeline/export/model_types.py says why)
+    else:  # MobileBERT with NoNorm, as released: nothing matches (pipeline/plan/model_types.py says why)
         assert fused["Attention"] + fused["MultiHeadAttention"] + fused["SkipLayerNormalization"] == 0
     name, _ = NAMES[deployed["model_type"]]
     attention = fused["Attention"] + 1  # one the optimizer was not expected to find
@@ -93,14 +93,14 @@ def test_the_onnx_graphs_take_token_types_match_pytorch_and_have_the_types_fusio
 def test_token_types_change_the_logits_so_the_parity_gates_see_an_answerer_that_drops_them(deployed):
     """Segment embeddings are part of these models: a window fed all-zero token types (an answerer that left the
     input out) gives logits beyond the parity tolerance, so the gates above would have caught it."""
-    answerer = onnx_qa.QuestionAnswerer.with_squad_settings(
+    answerer = answering.QuestionAnswerer.with_squad_settings(
         deployed["onnx"] / "fp32" / "model.onnx", deployed["onnx"] / "fp32" / "tokenizer.json",
         deployed["cfg"].squad, threads=1)
     windows = answerer.windows(dev_examples(deployed["data"])[:8])
     assert windows.token_type_ids.max() == 1
-    start, _ = onnx_qa.window_logits(answerer.session, windows)
+    start, _ = answering.window_logits(answerer.session, windows)
     windows.token_type_ids[:] = 0
-    start_without, _ = onnx_qa.window_logits(answerer.session, windows)
+    start_without, _ = answering.window_logits(answerer.session, windows)
     real = windows.attention_mask.astype(bool)
     assert np.abs(start - start_without)[real].max() > 100 * deployed["cfg"].export.gates.max_abs_logit_diff
 
@@ -116,7 +116,7 @@ def test_int8_graphs_are_built_gated_and_one_is_bundled(deployed):
     bundled = deployed["metrics"]["bundle"]
     assert bundled["n_questions"] == N_QUESTIONS and bundled["ort_answers_equal_onnx"] == 1.0
     # The bundle as an app opens it: its answers are the ones its metrics were scored on.
-    answers = onnx_qa.QuestionAnswerer.from_bundle(deployed["bundle"]).predict(dev_examples(deployed["data"]))
+    answers = answering.QuestionAnswerer.from_bundle(deployed["bundle"]).predict(dev_examples(deployed["data"]))
     predictions = json.loads((deployed["quantized"] / report["bundle_choice"] / "predictions.json").read_text())
     assert answers == predictions
 
@@ -136,7 +136,7 @@ def test_the_coreml_wrapper_matches_the_model_and_its_fp16_mask_stays_finite(dep
 
     model = AutoModelForQuestionAnswering.from_pretrained(deployed["deployed_model"]).eval()
     wrapped = coreml.load_wrapped(deployed["deployed_model"], mask_input=True)
-    answerer = onnx_qa.QuestionAnswerer.with_squad_settings(
+    answerer = answering.QuestionAnswerer.with_squad_settings(
         deployed["onnx"] / "fp32" / "model.onnx", deployed["deployed_model"] / "tokenizer.json",
         deployed["cfg"].squad)
     windows = answerer.windows(dev_examples(deployed["data"])[:4])

@@ -11,13 +11,13 @@ import pytest
 import torch
 from transformers import AutoTokenizer, BertForMaskedLM, DistilBertForMaskedLM
 
-from pipeline.chunked_lm_loss import ChunkLayout
-from pipeline.config import DistillPretrainConfig
-from pipeline.distillation_reference import reference_distillation_terms
-from pipeline.losses import mlm_distillation_loss
-from pipeline.mlm import MaskedBatchCollator
+from pipeline.data.mlm_batches import MaskedBatchCollator
+from pipeline.distillation.chunked_lm_loss import ChunkLayout
+from pipeline.distillation.losses import mlm_distillation_loss
+from pipeline.distillation.reference_loss import reference_distillation_terms
+from pipeline.distillation.students import freeze, student_parameter_sources
+from pipeline.plan.config import DistillPretrainConfig
 from pipeline.stages import distill_pretrain, init_student
-from pipeline.students import freeze, student_parameter_sources
 from tests.stage_fixtures import build_tiny_artifacts, tiny_config
 
 
@@ -212,9 +212,9 @@ def test_distill_pretrain_reports_student_and_teacher_accuracy(artifacts, tmp_pa
 
 
 def test_the_stage_masks_with_smoothed_weights_and_keeps_the_teacher_frozen(artifacts, tmp_path, monkeypatch):
-    from pipeline.corpus import TokenizedCorpus
-    from pipeline.masking import selection_weights_from_counts
-    from pipeline.mlm import special_token_ids
+    from pipeline.data.corpus import TokenizedCorpus
+    from pipeline.data.masking import selection_weights_from_counts
+    from pipeline.data.mlm_batches import special_token_ids
 
     seen = {"weights": [], "teacher_states": [], "masked_rows": []}
     real_collator, real_terms = distill_pretrain.MaskedBatchCollator, distill_pretrain.distillation_terms

@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import BertConfig, DistilBertForMaskedLM
 
-from pipeline.config import ConfigError
-from pipeline import squad_objectives
+from pipeline.distillation import squad_objectives
+from pipeline.plan.config import ConfigError
 from pipeline.stages import distill_squad
 from tests.stage_fixtures import build_tiny_artifacts, tiny_config
 
@@ -149,12 +149,12 @@ def test_freeze_word_embeddings_keeps_only_the_word_embeddings_fixed(artifacts, 
 def tiny_windows(artifacts, n_examples=8):
     from transformers import AutoTokenizer
 
-    from pipeline import qa
-    from pipeline.data import load_squad
+    from pipeline.data import qa_windows
+    from pipeline.data.squad_loading import load_squad
 
     tokenizer = AutoTokenizer.from_pretrained(artifacts["student"])
     examples, _ = load_squad(str(artifacts["data"] / "train.jsonl"))
-    windows = qa.train_window_tensors(examples.select(range(n_examples)), tokenizer, tiny_config().squad)
+    windows = qa_windows.train_window_tensors(examples.select(range(n_examples)), tokenizer, tiny_config().squad)
     return tokenizer, windows
 
 
@@ -178,7 +178,7 @@ def test_kd_positions_are_cls_and_the_context_tokens_only(artifacts):
 
 
 def test_kd_term_is_invariant_to_teacher_logits_outside_cls_and_context(artifacts):
-    from pipeline import qa
+    from pipeline.data import qa_windows
 
     tokenizer, windows = tiny_windows(artifacts)
     student, teacher = tiny_models(artifacts)
@@ -187,7 +187,7 @@ def test_kd_term_is_invariant_to_teacher_logits_outside_cls_and_context(artifact
     generator = torch.Generator().manual_seed(0)
     windows["teacher_start_logits"] = torch.randn(windows["input_ids"].shape, generator=generator)
     windows["teacher_end_logits"] = torch.randn(windows["input_ids"].shape, generator=generator)
-    batch = qa.window_collate(windows)(list(range(len(windows["input_ids"]))))
+    batch = qa_windows.window_collate(windows)(list(range(len(windows["input_ids"]))))
     kd = loss(batch)["kd"]
 
     # Question tokens, both [SEP]s and padding, found from the tokens themselves (not from kd_positions).
@@ -210,19 +210,19 @@ def test_kd_term_is_invariant_to_teacher_logits_outside_cls_and_context(artifact
 @pytest.mark.parametrize("temperature", [1.0, 3.0])
 def test_the_training_loss_is_the_weighted_sum_of_the_tested_terms_at_the_configured_temperature(artifacts,
                                                                                                 temperature):
-    from pipeline import qa
-    from pipeline.losses import qa_distillation_loss, qa_task_loss
+    from pipeline.data import qa_windows
+    from pipeline.distillation.losses import qa_distillation_loss, qa_task_loss
 
     tokenizer, windows = tiny_windows(artifacts)
     student, teacher = tiny_models(artifacts)
     cfg = tiny_config(distill_squad={"objectives": ["distilbert"], "alpha_task": 0.3,
                                      "distilbert": {"weight": 0.7, "temperature": temperature}}).distill_squad
     loss = squad_objectives.SquadDistillationLoss(student, teacher, cfg, {}, None, tokenizer.sep_token_id)
-    batch = qa.window_collate(windows)(list(range(len(windows["input_ids"]))))
+    batch = qa_windows.window_collate(windows)(list(range(len(windows["input_ids"]))))
     terms = loss(batch)
     with torch.no_grad():
         student_out = student(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
-        teacher_out = teacher(**qa.model_inputs(batch, teacher))
+        teacher_out = teacher(**qa_windows.model_inputs(batch, teacher))
     kd = qa_distillation_loss(student_out.start_logits, student_out.end_logits, teacher_out.start_logits,
                               teacher_out.end_logits, squad_objectives.kd_positions(batch, tokenizer.sep_token_id),
                               temperature)
@@ -238,7 +238,8 @@ TERM_WEIGHTS = {"task": 0.3, "kd": 0.7, "pkd": 5.0, "tb_attention": 0.5, "tb_hid
 
 @pytest.mark.parametrize("objectives", [["tinybert"], ["distilbert", "pkd"]])
 def test_the_training_loss_is_the_weighted_sum_of_each_tested_term(artifacts, objectives):
-    from pipeline import losses, qa
+    from pipeline.data import qa_windows
+    from pipeline.distillation import losses
 
     tokenizer, windows = tiny_windows(artifacts)
     student, teacher = tiny_models(artifacts)
@@ -251,15 +252,15 @@ def test_the_training_loss_is_the_weighted_sum_of_each_tested_term(artifacts, ob
     }).distill_squad
     plan = squad_objectives.distillation_plan(cfg, student.config, teacher.config)
     loss = squad_objectives.SquadDistillationLoss(student, teacher, cfg, plan, None, tokenizer.sep_token_id)
-    batch = qa.window_collate(windows)(list(range(len(windows["input_ids"]))))
+    batch = qa_windows.window_collate(windows)(list(range(len(windows["input_ids"]))))
     terms = loss(batch)
 
-    # Each term again, straight from the tested functions of pipeline/losses.py.
+    # Each term again, straight from the tested functions of pipeline/distillation/losses.py.
     mask = batch["attention_mask"]
     with torch.no_grad(), losses.AttentionScoreRecorder(student) as student_scores:
         s = student(input_ids=batch["input_ids"], attention_mask=mask, output_hidden_states=True)
     with torch.no_grad(), losses.AttentionScoreRecorder(teacher) as teacher_scores:
-        t = teacher(**qa.model_inputs(batch, teacher), output_hidden_states=True)
+        t = teacher(**qa_windows.model_inputs(batch, teacher), output_hidden_states=True)
     expected = {"task": losses.qa_task_loss(s.start_logits, s.end_logits, batch["start_positions"],
                                             batch["end_positions"])}
     if "distilbert" in objectives:
@@ -286,19 +287,19 @@ def test_the_training_loss_is_the_weighted_sum_of_each_tested_term(artifacts, ob
 
 
 def test_cached_teacher_logits_match_the_live_teacher_in_the_training_precision(artifacts):
-    from pipeline import qa
+    from pipeline.data import qa_windows
 
     tokenizer, windows = tiny_windows(artifacts)
     student, teacher = tiny_models(artifacts)
-    batch = qa.window_collate(windows)(list(range(len(windows["input_ids"]))))
+    batch = qa_windows.window_collate(windows)(list(range(len(windows["input_ids"]))))
     length, real = batch["input_ids"].shape[1], batch["attention_mask"].bool()
 
     fp32 = distill_squad.teacher_window_logits(teacher, windows, 3, "cpu", autocast_bf16=False)
     bf16 = distill_squad.teacher_window_logits(teacher, windows, 3, "cpu", autocast_bf16=True)
     with torch.no_grad():
-        live_fp32 = teacher(**qa.model_inputs(batch, teacher)).start_logits
+        live_fp32 = teacher(**qa_windows.model_inputs(batch, teacher)).start_logits
         with torch.autocast("cpu", dtype=torch.bfloat16):  # what the training loop does on a bf16 device
-            live_bf16 = teacher(**qa.model_inputs(batch, teacher)).start_logits.float()
+            live_bf16 = teacher(**qa_windows.model_inputs(batch, teacher)).start_logits.float()
     assert fp32["teacher_start_logits"].dtype == bf16["teacher_start_logits"].dtype == torch.float32
     assert torch.allclose(fp32["teacher_start_logits"][:, :length][real], live_fp32[real], atol=1e-5)
     bf16_gap = (bf16["teacher_start_logits"][:, :length][real] - live_bf16[real]).abs().max()
@@ -308,7 +309,7 @@ def test_cached_teacher_logits_match_the_live_teacher_in_the_training_precision(
     # Through the loss: the KD term from cached logits equals the one from the live teacher.
     cfg = tiny_config().distill_squad
     loss = squad_objectives.SquadDistillationLoss(student, teacher, cfg, {}, None, tokenizer.sep_token_id)
-    cached = qa.window_collate(windows | fp32)(list(range(len(windows["input_ids"]))))
+    cached = qa_windows.window_collate(windows | fp32)(list(range(len(windows["input_ids"]))))
     assert torch.allclose(loss(cached)["kd"], loss(batch)["kd"], rtol=1e-5)
 
 
@@ -399,7 +400,7 @@ def test_augmentation_without_a_masked_lm_teacher_fails_before_training(artifact
 def test_task_loss_skips_windows_without_a_gold_span():
     from types import SimpleNamespace
 
-    from pipeline.losses import qa_task_loss
+    from pipeline.distillation.losses import qa_task_loss
 
     torch.manual_seed(0)
     out = SimpleNamespace(start_logits=torch.randn(3, 6, requires_grad=True), end_logits=torch.randn(3, 6))

@@ -12,12 +12,12 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import BertConfig, BertForMaskedLM
 
-from pipeline.chunked_lm_loss import ChunkLayout
-from pipeline.config import DistillPretrainConfig
-from pipeline.mlm import MaskedBatchCollator
+from pipeline.data.mlm_batches import MaskedBatchCollator
+from pipeline.distillation.chunked_lm_loss import ChunkLayout
+from pipeline.plan.config import DistillPretrainConfig
 from pipeline.stages.distill_pretrain import distillation_terms
 from benchmarks import distill_throughput as bench
-from pipeline.students import freeze, init_student_from_teacher, student_config_from_teacher
+from pipeline.distillation.students import freeze, init_student_from_teacher, student_config_from_teacher
 
 
 # ------------------------------------------------------------------------------------------------ FLOP count

@@ -10,10 +10,10 @@ import sys
 import numpy as np
 import pytest
 
-from pipeline import onnx_qa
-from pipeline.manifests import verify_manifest, write_manifest
-from pipeline.export.gates import GateError
 from pipeline.export import coreml, int8, onnx_graph
+from pipeline.export.gates import GateError
+from pipeline.outputs.manifests import verify_manifest, write_manifest
+from pipeline.runtime import answering
 from pipeline.stages import export_coreml, export_full_size, export_onnx, quantize
 from tests.conftest import PROJECT_ROOT
 from tests.stage_fixtures import EXPORT_RELAXED, tiny_config, tiny_qa_model_dir
@@ -214,7 +214,7 @@ def test_coreml_wrapper_matches_the_model_and_its_fp16_mask_stays_finite(built):
     for name in ("student", "teacher"):
         model = AutoModelForQuestionAnswering.from_pretrained(built[name]).eval()
         wrapped = coreml.load_wrapped(built[name], mask_input=True)
-        answerer = onnx_qa.QuestionAnswerer(built[f"onnx_{name}"] / "fp32" / "model.onnx",
+        answerer = answering.QuestionAnswerer(built[f"onnx_{name}"] / "fp32" / "model.onnx",
                                             built[name] / "tokenizer.json", max_seq_length=64, doc_stride=16)
         windows = answerer.windows(dev_examples(built["data"])[:4])
         ids, mask = torch.from_numpy(windows.input_ids), torch.from_numpy(windows.attention_mask)
@@ -243,7 +243,7 @@ def test_pre_ios18_packages_take_input_ids_only_and_derive_the_mask(built, tmp_p
 
 
 def test_coreml_lengths_beyond_the_models_positions_are_refused_by_name(built, tmp_path):
-    from pipeline.config import ConfigError
+    from pipeline.plan.config import ConfigError
 
     cfg = tiny_config(export={"coreml": {"sequence_lengths": [128, 4096]}})
     with pytest.raises(ConfigError, match=r"export.coreml.sequence_lengths: \[4096\]"):
@@ -309,7 +309,7 @@ def test_bundle_holds_the_contract_files_and_a_complete_manifest(built):
 
 def openvino_precision(path):
     """What the default precision hint resolves to for `path` (run in a spawned process, as OpenVINO is here)."""
-    from pipeline.openvino_session import OpenVinoSession
+    from pipeline.runtime.openvino_session import OpenVinoSession
 
     return OpenVinoSession(path, 1).precision
 
@@ -378,8 +378,8 @@ def test_an_openvino_model_without_the_openvino_package_is_refused_saying_so(bui
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *args: None if name == "openvino" else real_find_spec(name, *args))
     xml = built["quantized"] / "openvino-int8" / "openvino_model.xml"
-    with pytest.raises(onnx_qa.BundleError, match="openvino_model.xml: an OpenVINO model needs the openvino package"):
-        onnx_qa.QuestionAnswerer.with_squad_settings(xml, xml.parent / "tokenizer.json", built["cfg"].squad)
+    with pytest.raises(answering.BundleError, match="openvino_model.xml: an OpenVINO model needs the openvino package"):
+        answering.QuestionAnswerer.with_squad_settings(xml, xml.parent / "tokenizer.json", built["cfg"].squad)
 
 
 def test_the_bundle_leaves_out_rejected_coreml_packages_and_stops_when_none_passed(built, tmp_path):
@@ -408,8 +408,8 @@ def test_the_bundle_leaves_out_rejected_coreml_packages_and_stops_when_none_pass
 
 def test_the_ort_model_loads_back_and_answers_like_the_onnx_model(built):
     examples = dev_examples(built["data"])
-    onnx_answers = onnx_qa.QuestionAnswerer.from_bundle(built["bundle"]).predict(examples)
-    ort_answers = onnx_qa.QuestionAnswerer.from_bundle(built["bundle"], model="model.int8.ort").predict(examples)
+    onnx_answers = answering.QuestionAnswerer.from_bundle(built["bundle"]).predict(examples)
+    ort_answers = answering.QuestionAnswerer.from_bundle(built["bundle"], model="model.int8.ort").predict(examples)
     assert ort_answers == onnx_answers
 
 
@@ -434,8 +434,8 @@ def test_a_changed_or_truncated_bundle_file_is_refused_by_name(built, tmp_path):
     shutil.copytree(built["bundle"], copy)
     model = copy / "model.int8.onnx"
     model.write_bytes(model.read_bytes()[:-10])
-    with pytest.raises(onnx_qa.BundleError, match="model.int8.onnx: .* bytes, the manifest says"):
-        onnx_qa.QuestionAnswerer.from_bundle(copy)
+    with pytest.raises(answering.BundleError, match="model.int8.onnx: .* bytes, the manifest says"):
+        answering.QuestionAnswerer.from_bundle(copy)
     completed = subprocess.run(
         [sys.executable, "-m", "pipeline", "answer", "--bundle", str(copy), "--question", "Who?", "--context", "Me."],
         capture_output=True, text=True, cwd=PROJECT_ROOT)
@@ -495,8 +495,8 @@ def test_the_full_size_search_takes_the_recipes_that_passed_everywhere_else_on_t
 
 
 def test_exports_are_scored_on_the_first_dev_questions_against_pytorch_on_the_same_ones(built):
-    from pipeline import squad
     from pipeline.export import gates
+    from pipeline.runtime import squad
 
     first = gates.gate_questions(built["data"], built["student"], 5)
     every = gates.gate_questions(built["data"], built["student"], None)

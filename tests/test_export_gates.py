@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from pipeline.export import gates
-from pipeline.statistics import wilson_interval
+from pipeline.measurement.statistics import wilson_interval
 
 
 def answers(n: int, wrong: int, prefix: str = "q") -> tuple[dict, dict]:

@@ -1,6 +1,6 @@
-"""pipeline/generated_corpus.py: the size, the kinds of line, reproducibility and reuse of a generated corpus."""
+"""pipeline/data/generated_corpus.py: the size, the kinds of line, reproducibility and reuse of a generated corpus."""
 
-from pipeline.generated_corpus import generate_corpus
+from pipeline.data.generated_corpus import generate_corpus
 
 
 def test_generated_corpus_has_the_requested_size_and_realistic_lines(tmp_path):

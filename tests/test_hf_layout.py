@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import onnx_qa
 from pipeline.export.hf_layout import HfLayoutError, write_hf_layout
-from pipeline.manifests import file_sha256, verify_manifest
+from pipeline.outputs.manifests import file_sha256, verify_manifest
+from pipeline.runtime import answering
 from tests.conftest import PROJECT_ROOT
 
 CLIENT = PROJECT_ROOT / "clients" / "web"
@@ -38,9 +38,9 @@ def layout(exported_student) -> dict:
     bundle with the settings the libraries use (the module docstring)."""
     bundle = exported_student["bundle"]
     folder = bundle / "huggingface"
-    settings = onnx_qa.read_qa_config(bundle / "qa_config.json")
+    settings = answering.read_qa_config(bundle / "qa_config.json")
     window = json.loads((folder / "tokenizer_config.json").read_text())["model_max_length"]
-    answerer = onnx_qa.QuestionAnswerer(bundle / settings["onnx"]["model"], bundle / settings["tokenizer"]["file"],
+    answerer = answering.QuestionAnswerer(bundle / settings["onnx"]["model"], bundle / settings["tokenizer"]["file"],
                                         max_seq_length=window, doc_stride=settings["doc_stride"],
                                         n_best_size=window, threads=1)
     lines = (exported_student["data"] / "dev.jsonl").read_text(encoding="utf-8").splitlines()
@@ -50,12 +50,12 @@ def layout(exported_student) -> dict:
             "questions": questions}
 
 
-def our_best(answerer: onnx_qa.QuestionAnswerer, question: dict, max_answer_length: int) -> dict:
+def our_best(answerer: answering.QuestionAnswerer, question: dict, max_answer_length: int) -> dict:
     answerer.max_answer_length = max_answer_length
     return answerer.n_best([question])[question["id"]][0]
 
 
-def decoded_span(answerer: onnx_qa.QuestionAnswerer, question: dict, best: dict) -> str:
+def decoded_span(answerer: answering.QuestionAnswerer, question: dict, best: dict) -> str:
     """The answer's tokens decoded as transformers.js decodes its answers (the tokenizer's WordPiece decoder)."""
     window = answerer.windows([question])
     ids = [int(token) for token, offset in zip(window.input_ids[0], window.context_offsets[0])
@@ -82,8 +82,8 @@ def test_the_bundle_ships_the_layout_and_its_manifest_lists_it(layout, tmp_path)
     copy = tmp_path / "bundle"
     shutil.copytree(bundle, copy)
     (copy / "huggingface" / "onnx" / "model_quantized.onnx").write_bytes(b"not a model")
-    with pytest.raises(onnx_qa.BundleError, match="huggingface/onnx/model_quantized.onnx"):
-        onnx_qa.QuestionAnswerer.from_bundle(copy)
+    with pytest.raises(answering.BundleError, match="huggingface/onnx/model_quantized.onnx"):
+        answering.QuestionAnswerer.from_bundle(copy)
 
 
 def test_a_folder_without_the_models_config_is_refused_by_name(layout, tmp_path):

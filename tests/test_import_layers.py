@@ -1,22 +1,44 @@
-"""How the package's modules import each other: no cycle, and the layers that must stay light stay so (what
-Snakemake imports while planning the DAG, and the runtime an app or a server imports to answer questions)."""
+"""How the package's modules import each other: the folders are the layers (docs/rules.md, "Architecture"), each
+imports only its own layer and those below it, never in a circle, no stage imports another, and the layers that must
+stay light stay so (the planning layer, which Snakemake imports while it plans the DAG, and the runtime an app or a
+server imports to answer questions)."""
 
+import re
 import subprocess
 import sys
 
-from pipeline.code_inputs import PACKAGE_DIR, imported_modules
+from pipeline.plan.code_inputs import PACKAGE_DIR, imported_modules
 from tests.conftest import PROJECT_ROOT
 
-# What the Snakefile and rules/*.smk import while planning, and the torch-free answerer with its x86 runtime.
-PLANNING = ["pipeline.commands", "pipeline.code_inputs", "pipeline.stage_cli", "pipeline.config",
-            "pipeline.data_sources", "pipeline.deploy", "pipeline.study_runs", "pipeline.model_registry",
-            "pipeline.students", "pipeline.export.peers"]
-RUNTIME = ["pipeline.onnx_qa", "pipeline.openvino_session", "pipeline.squad"]
+# The layers, top first: a module imports its own layer's modules and those of the layers after it.
+LAYERS = ["stages", "reporting", "export", "distillation", "training", "data", "measurement", "runtime", "plan",
+          "outputs"]
+# What every layer may import: the package itself, its error base class, process start-up and spawning.
+SHARED = {"pipeline", "pipeline.errors", "pipeline.startup", "pipeline.spawn"}
+DISPATCHER = "pipeline.__main__"
+
+
+def modules_in(layer: str) -> list[str]:
+    return sorted(name for name in module_graph() if name.startswith(f"pipeline.{layer}."))
+
+
+def snakemake_imports() -> list[str]:
+    """The package's modules the Snakefile and rules/*.smk import while Snakemake plans."""
+    sources = [PROJECT_ROOT / "Snakefile", *sorted((PROJECT_ROOT / "rules").glob("*.smk"))]
+    found = set()
+    for source in sources:
+        found.update(re.findall(r"^\s*(?:from|import) (pipeline[\w.]*)", source.read_text(), flags=re.M))
+    return sorted(found)
+
+
+def layer_of(module: str) -> int | None:
+    parts = module.split(".")
+    return LAYERS.index(parts[1]) if len(parts) > 2 and parts[1] in LAYERS else None
 
 
 def module_graph() -> dict[str, set[str]]:
     """Every module of the package -> the package's modules it imports anywhere in its code (inside functions and
-    TYPE_CHECKING blocks too: pipeline.code_inputs reads imports so)."""
+    TYPE_CHECKING blocks too: pipeline.plan.code_inputs reads imports so)."""
     modules = {}
     for path in PACKAGE_DIR.rglob("*.py"):
         parts = path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts
@@ -65,8 +87,36 @@ def test_the_cycle_finder_finds_a_cycle_through_several_modules():
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
+def test_every_module_is_in_a_layer_and_imports_only_its_layer_and_those_below():
+    layer_packages = {f"pipeline.{layer}" for layer in LAYERS}
+    upward = []
+    for module, imports in module_graph().items():
+        if module in SHARED:
+            assert imports <= SHARED, f"{module}, which every layer imports, imports {sorted(imports - SHARED)}"
+            continue
+        if module == DISPATCHER or module in layer_packages:
+            continue
+        assert layer_of(module) is not None, f"{module} is in no layer: move it into pipeline/<layer>/ ({LAYERS})"
+        upward += [f"{module} -> {other}" for other in imports
+                   if layer_of(other) is not None and layer_of(other) < layer_of(module)]
+    assert upward == []
+
+
+def test_no_stage_imports_another_stage():
+    stages = modules_in("stages")
+    graph = module_graph()
+    assert [(stage, other) for stage in stages for other in graph[stage] if other in stages] == []
+
+
+def test_the_layer_check_sees_an_upward_import():
+    assert layer_of("pipeline.runtime.answering") > layer_of("pipeline.export.gates")
+    assert layer_of("pipeline.errors") is None and layer_of("pipeline.plan") is None
+
+
 def test_the_planning_and_runtime_layers_import_neither_torch_nor_transformers():
-    for layer in (PLANNING, RUNTIME):
+    planning = sorted(set(modules_in("plan")) | set(snakemake_imports()))
+    assert "pipeline.plan.config" in planning and "pipeline.plan.model_registry" in planning
+    for layer in (planning, modules_in("runtime")):
         code = ("import sys; " + "; ".join(f"import {module}" for module in layer)
                 + "; heavy = sorted(m for m in ('torch', 'transformers') if m in sys.modules); print(heavy)")
         result = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True,

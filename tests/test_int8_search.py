@@ -5,9 +5,9 @@ import shutil
 
 import pytest
 
-from pipeline.model_registry import TRAINED_MODELS
 from pipeline.export import int8, onnx_graph
 from pipeline.export.gates import GateError
+from pipeline.plan.model_registry import TRAINED_MODELS
 from pipeline.stages import int8_search
 from tests.stage_fixtures import tiny_config
 

@@ -1,7 +1,7 @@
-"""pipeline/latency.py, the one timer: calls taken in turn, percentiles, and the ranking every latency-based choice
+"""pipeline/measurement/latency.py, the one timer: calls taken in turn, percentiles, and the ranking every latency-based choice
 uses. Timings are never asserted on (speed goes in benchmarks); what is checked is who runs when, and the shapes."""
 
-from pipeline.latency import (compare_latency, fastest_first, ranked_profile, time_calls, time_in_blocks,
+from pipeline.measurement.latency import (compare_latency, fastest_first, ranked_profile, time_calls, time_in_blocks,
                               time_in_turn)
 
 
@@ -14,7 +14,7 @@ def test_callables_are_timed_in_turn_after_untimed_rounds():
 
 
 def test_runtimes_with_thread_pools_alternate_by_blocks_each_after_a_pause_and_an_untimed_run(monkeypatch):
-    import pipeline.latency as latency
+    import pipeline.measurement.latency as latency
 
     calls, pauses = [], []
     monkeypatch.setattr(latency.time, "sleep", lambda seconds: (pauses.append(seconds), calls.append("pause")))

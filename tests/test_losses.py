@@ -8,7 +8,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import BertForMaskedLM, DistilBertForMaskedLM
 
-from pipeline.losses import (
+from pipeline.distillation.losses import (
     AttentionScoreRecorder,
     hidden_cosine_loss,
     logits_mse_loss,
@@ -24,7 +24,7 @@ from pipeline.losses import (
     tinybert_embedding_loss,
     tinybert_hidden_loss,
 )
-from pipeline.students import init_student_from_teacher, student_config_from_teacher
+from pipeline.distillation.students import init_student_from_teacher, student_config_from_teacher
 
 STUDENT_LOGITS = [[1.0, 2.0, 0.5], [0.0, -1.0, 3.0]]
 TEACHER_LOGITS = [[2.0, 1.0, 0.0], [1.0, 1.0, 1.0]]

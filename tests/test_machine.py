@@ -1,4 +1,4 @@
-"""pipeline/machine.py: the peak resident memory a benchmark reports for a process."""
+"""pipeline/outputs/machine.py: the peak resident memory a benchmark reports for a process."""
 
 import json
 import os
@@ -7,14 +7,14 @@ import sys
 
 import pytest
 
-from pipeline.machine import high_water_mark_mb
+from pipeline.outputs.machine import high_water_mark_mb
 from tests.conftest import PROJECT_ROOT
 
 # A fresh process, so that no earlier peak hides the growth: its mark before and after 64 MB are written.
 TOUCH_64_MB = """
 import json, os
 import numpy as np
-from pipeline.machine import high_water_mark_mb
+from pipeline.outputs.machine import high_water_mark_mb
 before = high_water_mark_mb()
 block = np.ones(64 * 2**20 // 8)
 print(json.dumps([before, high_water_mark_mb(os.getpid())]))

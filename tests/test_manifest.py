@@ -5,11 +5,11 @@ import re
 
 import pytest
 
-import pipeline.manifests
+import pipeline.outputs.manifests
 from pipeline.__main__ import main
-from pipeline.manifests import (ManifestError, atomic_output_dir, config_sha256,
+from pipeline.outputs.manifests import (ManifestError, atomic_output_dir, config_sha256,
                                 fingerprint, verify_input_dirs, verify_manifest)
-from pipeline.config import PipelineConfig
+from pipeline.plan.config import PipelineConfig
 from tests.conftest import PROJECT_ROOT
 
 
@@ -27,7 +27,7 @@ def test_a_stage_output_folder_gets_a_manifest_of_every_file_with_config_hash_an
 
 
 def test_a_manifest_the_stage_wrote_itself_keeps_its_fields_and_covers_the_stamped_metrics(tmp_path):
-    from pipeline.manifests import files_manifest
+    from pipeline.outputs.manifests import files_manifest
 
     with atomic_output_dir(tmp_path / "bundle") as tmp:
         (tmp / "metrics.json").write_text(json.dumps({"f1": 1.0}))
@@ -84,7 +84,7 @@ def write_stage_folder(folder, **files):
 @pytest.fixture
 def small_full_hash_limit(monkeypatch):
     """Files over 16 bytes count as large, so a test needs no 64 MiB file."""
-    monkeypatch.setattr(pipeline.manifests, "FULL_HASH_MAX_BYTES", 16)
+    monkeypatch.setattr(pipeline.outputs.manifests, "FULL_HASH_MAX_BYTES", 16)
     monkeypatch.delenv("PIPELINE_VERIFY_FULL", raising=False)
 
 
@@ -121,13 +121,13 @@ def test_a_small_file_changed_in_place_is_refused_by_default(tmp_path, small_ful
 def test_fingerprint_of_a_folder_with_a_manifest_reads_the_manifest_not_the_files(tmp_path, monkeypatch):
     corpus = write_stage_folder(tmp_path / "corpus", **{"ids.bin": b"\x00" * 32})
     before = fingerprint("run", files=[corpus])
-    open_file = pipeline.manifests.Path.open
+    open_file = pipeline.outputs.manifests.Path.open
 
     def open_anything_but_the_corpus(path, *args, **kwargs):
         assert path.name != "ids.bin", "fingerprint read a file its manifest already hashes"
         return open_file(path, *args, **kwargs)
 
-    monkeypatch.setattr(pipeline.manifests.Path, "open", open_anything_but_the_corpus)
+    monkeypatch.setattr(pipeline.outputs.manifests.Path, "open", open_anything_but_the_corpus)
     assert fingerprint("run", files=[corpus]) == before
 
 
@@ -206,9 +206,9 @@ def test_the_code_loads_weights_and_configs_safely_and_never_runs_remote_code():
 
 
 def test_every_stage_metrics_json_names_the_cpu_it_ran_on(tmp_path):
-    from pipeline.artifacts import atomic_write_json, read_json
-    from pipeline.manifests import atomic_output_dir
-    from pipeline.machine import cpu_description
+    from pipeline.outputs.artifacts import atomic_write_json, read_json
+    from pipeline.outputs.machine import cpu_description
+    from pipeline.outputs.manifests import atomic_output_dir
 
     with atomic_output_dir(tmp_path / "stage") as tmp:
         atomic_write_json(tmp / "metrics.json", {"f1": 90.0})

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from pipeline.masking import MASK_RANDOM_KEEP, SMOOTHING_EXPONENT, mask_tokens, selection_weights_from_counts
+from pipeline.data.masking import MASK_RANDOM_KEEP, SMOOTHING_EXPONENT, mask_tokens, selection_weights_from_counts
 
 MASK_ID = 4
 SPECIAL_IDS = [0, 1, 2, 3, 4]  # [PAD] [UNK] [CLS] [SEP] [MASK]

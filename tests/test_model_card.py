@@ -1,12 +1,12 @@
-"""pipeline/model_card.py: each card parses back with huggingface_hub, with the scores of metrics.json and where
+"""pipeline/export/model_card.py: each card parses back with huggingface_hub, with the scores of metrics.json and where
 the model came from read from the stage's input folders (not from config sections the stage never receives)."""
 
 import json
 
 from huggingface_hub import ModelCard
 
-from pipeline import model_card
-from pipeline.manifests import config_sha256
+from pipeline.export import model_card
+from pipeline.outputs.manifests import config_sha256
 from tests.stage_fixtures import tiny_config
 
 QA_METRICS = {"exact_match": 81.25, "f1": 88.5, "n_examples": 16, "steps": 40, "objectives": ["tinybert"],

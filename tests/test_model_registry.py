@@ -1,7 +1,7 @@
-"""pipeline/model_registry.py: which models a config's DAG exports, and which one the bundle ships."""
+"""pipeline/plan/model_registry.py: which models a config's DAG exports, and which one the bundle ships."""
 
-from pipeline.config import load_config
-from pipeline.model_registry import bundled_model, exported_models, trained_models
+from pipeline.plan.config import load_config
+from pipeline.plan.model_registry import bundled_model, exported_models, trained_models
 from tests.conftest import PROJECT_ROOT
 from tests.stage_fixtures import tiny_config
 

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from pipeline import onnx_qa, squad
-from pipeline.config import SquadConfig
-from pipeline.data import load_squad
+from pipeline.data.squad_loading import load_squad
+from pipeline.plan.config import SquadConfig
+from pipeline.runtime import answering, squad
 from pipeline.stages import prepare_data, tokenizer
 from tests.stage_fixtures import tiny_config
 
@@ -31,13 +31,13 @@ def tokenizer_dir(tmp_path_factory):
 
 
 def training_windows(examples, tokenizer_path, squad_cfg):
-    """The dev windows as the training stages build them (transformers + pipeline.squad)."""
+    """The dev windows as the training stages build them (transformers + pipeline.runtime.squad)."""
     hf_tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
     columns = {key: [e[key] for e in examples] for key in ("id", "question", "context")}
     return squad.prepare_validation_features(columns, hf_tokenizer, squad_cfg.max_seq_length, squad_cfg.doc_stride)
 
 
-class WindowsOnly(onnx_qa.QuestionAnswerer):
+class WindowsOnly(answering.QuestionAnswerer):
     """The answerer's tokenization without an ONNX session."""
 
     def __init__(self, tokenizer_path, max_seq_length, doc_stride):
@@ -78,7 +78,7 @@ def test_windows_match_on_real_squad_paragraphs(tokenizer_dir, squad2_dev_sample
 
 def test_a_question_too_long_for_the_window_is_refused_by_id(tokenizer_dir):
     answerer = WindowsOnly(tokenizer_dir / "tokenizer", 16, 4)
-    with pytest.raises(onnx_qa.BundleError, match="question 'q7'.*too long"):
+    with pytest.raises(answering.BundleError, match="question 'q7'.*too long"):
         answerer.windows([{"id": "q7", "question": "who " * 40, "context": "nobody at all"}])
 
 
@@ -91,7 +91,7 @@ def test_a_long_question_with_a_context_that_fits_in_one_window_is_answered(toke
 def test_question_files_are_validated_with_the_record_named(tmp_path):
     path = tmp_path / "questions.json"
     path.write_text(json.dumps([{"id": "a", "question": "Who?", "context": "Me."}, {"id": "b", "question": 3}]))
-    with pytest.raises(onnx_qa.BundleError, match="question 1: field 'question' must be a string"):
-        onnx_qa.read_questions(path)
+    with pytest.raises(answering.BundleError, match="question 1: field 'question' must be a string"):
+        answering.read_questions(path)
     path.write_text(json.dumps({"data": [{"paragraphs": [{"context": "Me.", "qas": [{"id": "x", "question": "Who?"}]}]}]}))
-    assert onnx_qa.read_questions(path) == [{"id": "x", "question": "Who?", "context": "Me."}]
+    assert answering.read_questions(path) == [{"id": "x", "question": "Who?", "context": "Me."}]

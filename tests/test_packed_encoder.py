@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import BertConfig, BertForMaskedLM, DistilBertConfig, DistilBertForMaskedLM
 
-from pipeline.mlm import MaskedBatchCollator, rows
-from pipeline.packed_encoder import (
+from pipeline.data.mlm_batches import MaskedBatchCollator, rows
+from pipeline.distillation.packed_encoder import (
     PackedBertEncoder,
     PackedDistilBertEncoder,
     _grid_attention,
@@ -15,7 +15,7 @@ from pipeline.packed_encoder import (
     encoder_inputs,
     sequence_layout,
 )
-from pipeline.distillation_reference import student_mlm_logits
+from pipeline.distillation.reference_loss import student_mlm_logits
 
 VOCAB = 60
 LENGTHS = [5, 17, 9, 30, 12]  # tokens between [CLS] and [SEP]: every sequence a different length

@@ -48,7 +48,7 @@ def test_the_ort_preset_is_the_widest_int8_path_of_the_cpu():
 
 
 def test_ortquantizer_peer_quantizes_every_matmul_and_keeps_the_answers_close(tiny_full_size, tmp_path):
-    from pipeline.latency import onnx_session, synthetic_feed
+    from pipeline.measurement.latency import onnx_session, synthetic_feed
 
     fp32_dir = tiny_full_size / "full_size" / "distilbert" / "onnx" / "fp32"
     path, settings = peers.build_ortquantizer_int8(fp32_dir, tmp_path / "ort", "avx2")
@@ -85,8 +85,8 @@ def test_torch_peer_quantizes_every_linear_layer_on_each_engine(tiny_full_size):
 def openvino_against_onnxruntime(openvino_path, onnx_path) -> dict:
     """Per precision: what the hint resolved to and the largest logit difference from onnxruntime on the ONNX graph,
     and OpenVINO's profile at f32 (run in a spawned process, as OpenVINO is here)."""
-    from pipeline.latency import onnx_session, synthetic_feed
-    from pipeline.openvino_session import OpenVinoSession
+    from pipeline.measurement.latency import onnx_session, synthetic_feed
+    from pipeline.runtime.openvino_session import OpenVinoSession
 
     fp32, found = onnx_session(onnx_path, 1), {}
     for precision in peers.OPENVINO_PRECISIONS:

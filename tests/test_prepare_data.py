@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import ConfigError
+from pipeline.plan.config import ConfigError
 from pipeline.stages.prepare_data import squad_sources
 from tests.stage_fixtures import tiny_config
 

@@ -3,7 +3,7 @@
 import numpy as np
 import torch
 
-from pipeline.qa import window_collate
+from pipeline.data.qa_windows import window_collate
 
 
 def test_window_collate_trims_inputs_and_cached_teacher_logits_together():
@@ -27,9 +27,10 @@ import datasets  # noqa: E402
 import pytest  # noqa: E402
 from transformers import BertForQuestionAnswering, DistilBertForQuestionAnswering  # noqa: E402
 
-from pipeline import qa, squad  # noqa: E402
-from pipeline.config import SquadConfig  # noqa: E402
-from pipeline.students import student_config_from_teacher  # noqa: E402
+from pipeline.data import qa_windows
+from pipeline.distillation.students import student_config_from_teacher  # noqa: E402
+from pipeline.plan.config import SquadConfig  # noqa: E402
+from pipeline.runtime import squad  # noqa: E402
 from tests.stage_fixtures import tiny_bert_config  # noqa: E402
 from tests.test_squad import SEINE_CONTEXT, seine_examples, seine_tokenizer  # noqa: E402,F401  (fixture)
 
@@ -51,18 +52,18 @@ def tiny_qa_model(tokenizer, distilbert: bool):
 
 
 def test_train_window_tensors_are_the_squad_features_as_tensors(examples, seine_tokenizer):
-    windows = qa.train_window_tensors(examples, seine_tokenizer, SQUAD)
+    windows = qa_windows.train_window_tensors(examples, seine_tokenizer, SQUAD)
     features = squad.prepare_train_features(examples[:], seine_tokenizer, SQUAD.max_seq_length, SQUAD.doc_stride)
     assert set(windows) == set(features)
     for name, tensor in windows.items():
         assert tensor.dtype == torch.int64 and tensor.tolist() == features[name], name
     assert windows["input_ids"].shape == (len(features["input_ids"]), SQUAD.max_seq_length)
     assert len(windows["input_ids"]) > 3 * len(SPANS)  # the Seine text needs several windows per question
-    assert qa.window_lengths(windows) == [sum(mask) for mask in features["attention_mask"]]
+    assert qa_windows.window_lengths(windows) == [sum(mask) for mask in features["attention_mask"]]
 
 
 def test_validation_windows_keep_example_ids(examples, seine_tokenizer):
-    windows = qa.validation_windows(examples, seine_tokenizer, SQUAD)
+    windows = qa_windows.validation_windows(examples, seine_tokenizer, SQUAD)
     features = squad.prepare_validation_features(examples[:], seine_tokenizer, SQUAD.max_seq_length, SQUAD.doc_stride)
     assert windows["example_id"] == features["example_id"]
     assert windows["input_ids"] == features["input_ids"]
@@ -73,23 +74,23 @@ def test_model_inputs_are_those_the_model_accepts(seine_tokenizer):
     batch = {"input_ids": torch.ones(1, 3), "attention_mask": torch.ones(1, 3), "token_type_ids": torch.zeros(1, 3),
              "start_positions": torch.zeros(1)}
     bert, distilbert = tiny_qa_model(seine_tokenizer, False), tiny_qa_model(seine_tokenizer, True)
-    assert list(qa.model_inputs(batch, bert)) == ["input_ids", "attention_mask", "token_type_ids"]
-    assert list(qa.model_inputs(batch, distilbert)) == ["input_ids", "attention_mask"]
-    assert list(qa.model_inputs({"input_ids": batch["input_ids"]}, bert)) == ["input_ids"]
+    assert list(qa_windows.model_inputs(batch, bert)) == ["input_ids", "attention_mask", "token_type_ids"]
+    assert list(qa_windows.model_inputs(batch, distilbert)) == ["input_ids", "attention_mask"]
+    assert list(qa_windows.model_inputs({"input_ids": batch["input_ids"]}, bert)) == ["input_ids"]
 
 
 @pytest.mark.parametrize("distilbert", [True, False], ids=["distilbert", "bert"])
 def test_window_logits_are_the_models_in_eval_mode_padded_with_a_losing_score(examples, seine_tokenizer, distilbert):
     model = tiny_qa_model(seine_tokenizer, distilbert).train()
-    windows = qa.validation_windows(examples, seine_tokenizer, SQUAD)
-    start, end = qa.predict_window_logits(model, windows, batch_size=2, device=torch.device("cpu"))
+    windows = qa_windows.validation_windows(examples, seine_tokenizer, SQUAD)
+    start, end = qa_windows.predict_window_logits(model, windows, batch_size=2, device=torch.device("cpu"))
     assert model.training  # the caller's mode is restored
     assert start.dtype == end.dtype == np.float32 and start.shape == end.shape == (len(windows), SQUAD.max_seq_length)
 
-    tensors = {name: torch.tensor(windows[name]) for name in qa.MODEL_INPUT_NAMES if name in windows.column_names}
+    tensors = {name: torch.tensor(windows[name]) for name in qa_windows.MODEL_INPUT_NAMES if name in windows.column_names}
     model.eval()
     with torch.no_grad():
-        full = model(**qa.model_inputs(tensors, model))  # no trimming, no dropout
+        full = model(**qa_windows.model_inputs(tensors, model))  # no trimming, no dropout
     real = tensors["attention_mask"].bool().numpy()
     assert np.allclose(start[real], full.start_logits.numpy()[real], atol=1e-5)
     assert np.allclose(end[real], full.end_logits.numpy()[real], atol=1e-5)
@@ -98,19 +99,19 @@ def test_window_logits_are_the_models_in_eval_mode_padded_with_a_losing_score(ex
         assert (start[rows, length:] == -1e4).all() and (end[rows, length:] == -1e4).all()  # score no answer wins
         n_padded += start[rows, length:].size
     assert n_padded > 0
-    one_batch = qa.predict_window_logits(model, windows, batch_size=64, device=torch.device("cpu"))
+    one_batch = qa_windows.predict_window_logits(model, windows, batch_size=64, device=torch.device("cpu"))
     assert np.allclose(one_batch[0][real], start[real], atol=1e-5)
 
 
 def test_evaluate_qa_scores_the_postprocessed_predictions(examples, seine_tokenizer):
     model = tiny_qa_model(seine_tokenizer, True)
-    metrics, predictions = qa.evaluate_qa(model, seine_tokenizer, examples, SQUAD, torch.device("cpu"))
+    metrics, predictions = qa_windows.evaluate_qa(model, seine_tokenizer, examples, SQUAD, torch.device("cpu"))
     assert set(predictions) == set(examples["id"])
     for prediction in predictions.values():
         assert prediction in SEINE_CONTEXT and len(prediction.split()) <= SQUAD.max_answer_length
     scores = squad.squad_v1_scores(squad.gold_answers(examples), predictions)
     assert metrics == {"exact_match": round(scores["exact_match"], 3), "f1": round(scores["f1"], 3),
-                       "n_examples": len(SPANS), "n_windows": len(qa.validation_windows(examples, seine_tokenizer, SQUAD))}
+                       "n_examples": len(SPANS), "n_windows": len(qa_windows.validation_windows(examples, seine_tokenizer, SQUAD))}
 
     # A model whose start/end logits point at "Seine" answers every question with it.
     seine = seine_tokenizer.convert_tokens_to_ids("seine")
@@ -120,7 +121,7 @@ def test_evaluate_qa_scores_the_postprocessed_predictions(examples, seine_tokeni
             hit = (input_ids == seine).float() * 10
             return type("Output", (), {"start_logits": hit, "end_logits": hit})()
 
-    metrics, predictions = qa.evaluate_qa(PointsAtSeine(), seine_tokenizer, examples, SQUAD, torch.device("cpu"))
+    metrics, predictions = qa_windows.evaluate_qa(PointsAtSeine(), seine_tokenizer, examples, SQUAD, torch.device("cpu"))
     assert set(predictions.values()) == {"Seine"}
     assert metrics["exact_match"] == metrics["f1"] == 33.333  # one question of three, rounded to 3 decimals
 
@@ -140,7 +141,7 @@ def test_evaluate_qa_applies_the_configured_n_best_size_and_answer_length(exampl
 
     def answers(**squad_options):
         cfg = SquadConfig(max_seq_length=64, doc_stride=16, eval_batch_size=3, **squad_options)
-        return set(qa.evaluate_qa(FixedPointer(), seine_tokenizer, examples, cfg, torch.device("cpu"))[1].values())
+        return set(qa_windows.evaluate_qa(FixedPointer(), seine_tokenizer, examples, cfg, torch.device("cpu"))[1].values())
 
     long_answer = SEINE_CONTEXT[: SEINE_CONTEXT.index("France") + len("France")]
     assert answers(n_best_size=5, max_answer_length=30) == {long_answer}
@@ -153,7 +154,7 @@ def test_evaluate_qa_applies_the_configured_n_best_size_and_answer_length(exampl
 @pytest.mark.parametrize("freeze", [True, False])
 def test_prepare_for_qa_training_freezes_only_the_word_embeddings(seine_tokenizer, freeze):
     model = tiny_qa_model(seine_tokenizer, True)
-    prepared = qa.prepare_for_qa_training(model, SquadConfig(freeze_word_embeddings=freeze))
+    prepared = qa_windows.prepare_for_qa_training(model, SquadConfig(freeze_word_embeddings=freeze))
     assert prepared is model
     assert model.get_input_embeddings().weight.requires_grad is not freeze
     assert all(p.requires_grad for n, p in model.named_parameters() if "word_embeddings" not in n)

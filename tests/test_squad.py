@@ -1,4 +1,5 @@
-"""pipeline.squad: windows, n-best postprocessing, the official v1.1 metric and the evaluate-predictions CLI.
+"""pipeline.runtime.squad: windows, n-best postprocessing, the official v1.1 metric; and the
+evaluate-predictions CLI (pipeline.data.predictions).
 
 Tokenizers are built offline with the `tokenizers` library: a hand-written WordPiece vocabulary for the synthetic
 examples and one trained on the real sample's paragraphs.
@@ -15,14 +16,13 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
-from pipeline.data import DataError, load_squad
-from pipeline.squad import (
+from pipeline.data.predictions import evaluate_predictions_main, gold_answers_from_squad_json
+from pipeline.data.squad_loading import DataError, load_squad
+from pipeline.runtime.squad import (
     answer_token_span,
     batches_by_length,
-    evaluate_predictions_main,
     exact_match_score,
     f1_score,
-    gold_answers_from_squad_json,
     n_best_predictions,
     normalize_answer,
     postprocess_predictions,

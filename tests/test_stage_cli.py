@@ -1,4 +1,4 @@
-"""pipeline/stage_cli.py: a stage's command line is its function's parameters, and every rule's shell command is
+"""pipeline/plan/stage_cli.py: a stage's command line is its function's parameters, and every rule's shell command is
 written from the same parameters. Each command the planned DAGs print (`snakemake -n -p`) parses with its stage's
 own parser; a rule that passes a parameter its stage does not have, or leaves out a required one, stops planning."""
 
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import stage_cli
 from pipeline.__main__ import main
-from pipeline.commands import STAGES
-from pipeline.config import config_from_json
+from pipeline.plan import stage_cli
+from pipeline.plan.commands import STAGES
+from pipeline.plan.config import config_from_json
 from tests.conftest import PROJECT_ROOT
 from tests.dry_run import dry_run
 

@@ -1,11 +1,11 @@
-"""The intervals verdicts are judged with (pipeline/statistics.py)."""
+"""The intervals verdicts are judged with (pipeline/measurement/statistics.py)."""
 
 import math
 
 import numpy as np
 import pytest
 
-from pipeline import statistics
+from pipeline.measurement import statistics
 
 
 def test_the_t_interval_is_students_t_over_seeds():

@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import BertForMaskedLM
 
-from pipeline.students import (
+from pipeline.distillation.students import (
     LayerMappingError,
     init_student_from_teacher,
     random_student,

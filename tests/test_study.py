@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from pipeline.config import STUDY_VARIANTS, ConfigError, PipelineConfig, from_dict, to_dict
-from pipeline import study_runs
+from pipeline.plan import study_runs
+from pipeline.plan.config import STUDY_VARIANTS, ConfigError, PipelineConfig, from_dict, to_dict
 from pipeline.stages import study
 from tests.conftest import PROJECT_ROOT
 from tests.dry_run import dry_run

@@ -6,7 +6,7 @@ from random import Random
 
 import pytest
 
-from pipeline.synthetic import (
+from pipeline.data.synthetic import (
     CONTEXT_WORD_RANGE,
     FACT_KINDS,
     FACT_TYPES,

@@ -7,7 +7,7 @@ import pytest
 import transformers
 from transformers import AutoTokenizer, BertForMaskedLM
 
-from pipeline.manifests import write_manifest
+from pipeline.outputs.manifests import write_manifest
 from pipeline.stages import prepare_data, teacher, tokenize_corpus, tokenizer
 from pipeline.stages.teacher import teacher_config_from_scratch
 from tests.stage_fixtures import tiny_config
@@ -58,7 +58,7 @@ def test_teacher_mlm_loss_is_the_cross_entropy_at_masked_positions_only(tmp_path
     # recorded masked batch, with cross-entropy at the masked positions only (not at every real token).
     import torch
 
-    from pipeline import mlm
+    from pipeline.data import mlm_batches
 
     cfg = tiny_config(teacher={"architecture": {"dropout": 0.0},
                                "pretrain": {"max_steps": 1, "log_every": 1, "batch_size": 8}})
@@ -67,14 +67,14 @@ def test_teacher_mlm_loss_is_the_cross_entropy_at_masked_positions_only(tmp_path
     tokenizer.run(cfg, data, tok)
     tokenize_corpus.run(cfg, data, tok, tmp_path / "corpus", workers=1)
     recorded = []
-    real_mask_tokens = mlm.mask_tokens
+    real_mask_tokens = mlm_batches.mask_tokens
 
     def spy_mask_tokens(input_ids, *args, **kwargs):
         masked, labels = real_mask_tokens(input_ids, *args, **kwargs)
         recorded.append((input_ids, masked, labels))
         return masked, labels
 
-    monkeypatch.setattr(mlm, "mask_tokens", spy_mask_tokens)  # the batch collator masks through it
+    monkeypatch.setattr(mlm_batches, "mask_tokens", spy_mask_tokens)  # the batch collator masks through it
     teacher.run_pretrain(cfg, tmp_path / "corpus", tok, tmp_path / "out", tmp_path / "work")
     logged = json.loads((tmp_path / "out" / "train_log.jsonl").read_text().splitlines()[0])
 

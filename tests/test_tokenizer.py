@@ -2,9 +2,9 @@
 
 from transformers import AutoTokenizer
 
-from pipeline.config import TokenizerConfig
+from pipeline.data.synthetic import SyntheticWorldSpec, generate_world
+from pipeline.plan.config import TokenizerConfig
 from pipeline.stages.tokenizer import SPECIAL_TOKENS, train_wordpiece_tokenizer
-from pipeline.synthetic import SyntheticWorldSpec, generate_world
 
 
 def _texts() -> list[str]:

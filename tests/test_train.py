@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from pipeline.config import TrainConfig
+from pipeline.plan.config import TrainConfig
 from pipeline.training.batching import count_optimizer_steps, epoch_batches
 from pipeline.training.loop import train
 
@@ -311,7 +311,7 @@ def test_checkpoints_are_listed_in_step_order_and_only_the_newest_kept(tmp_path)
 
 
 def test_the_newest_usable_checkpoint_is_chosen_and_unusable_newer_ones_removed(tmp_path, caplog):
-    from pipeline.manifests import ManifestError
+    from pipeline.outputs.manifests import ManifestError
     from pipeline.training.checkpoints import latest_checkpoint
 
     checkpoints = tmp_path / "ckpt"

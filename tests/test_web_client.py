@@ -14,8 +14,8 @@ import random
 import pytest
 from tokenizers import Tokenizer
 
-from pipeline import onnx_qa
-from pipeline.config import BenchmarkConfig
+from pipeline.plan.config import BenchmarkConfig
+from pipeline.runtime import answering
 from pipeline.stages import benchmark_web
 from tests.conftest import PROJECT_ROOT
 
@@ -116,7 +116,7 @@ def test_token_ids_and_offsets_equal_python_tokenizers_on_dev_and_hard_texts(tin
 def test_windows_and_answers_equal_the_python_answerer_on_node_and_web(tiny, tmp_path):
     questions = dev_questions(tiny["data"]) + hard_questions()
     report = check_parity.parity(tiny["bundle"], write_questions(tmp_path / "q.json", questions), ["node", "web"])
-    answerer = onnx_qa.QuestionAnswerer.from_bundle(tiny["bundle"])
+    answerer = answering.QuestionAnswerer.from_bundle(tiny["bundle"])
     long_windows = sum(1 for w in answerer.windows(hard_questions()).example_ids
                        if w == "long")
     assert long_windows > 3  # the long context needs several windows at this max_seq_length
@@ -208,7 +208,7 @@ def test_the_packed_tarball_installs_in_a_fresh_project_and_answers_there(tiny, 
     assert completed.returncode == 0, completed.stderr[-2000:]
     result = json.loads(completed.stdout)
     assert result["resolved"].startswith(package.resolve().as_uri())
-    python = onnx_qa.QuestionAnswerer.from_bundle(tiny["bundle"]).answer(question, context)
+    python = answering.QuestionAnswerer.from_bundle(tiny["bundle"]).answer(question, context)
     assert result["answer"] == python["answer"] != ""
     assert [result["startCodePoint"], result["endCodePoint"]] == [python["start"], python["end"]]
     assert result["sliced"] == result["answer"] and result["end"] > result["endCodePoint"]
@@ -237,7 +237,7 @@ def bundle_and_questions(tiny) -> tuple[Path, list[dict], dict]:
     if (DEFAULT_RUN / "bundle" / "qa_config.json").is_file() and (DEFAULT_RUN / "data" / "dev.jsonl").is_file():
         bundle_dir, data_dir = DEFAULT_RUN / "bundle", DEFAULT_RUN / "data"  # a trained model: real answers
     questions = dev_questions(data_dir)[:3]
-    python = onnx_qa.QuestionAnswerer.from_bundle(bundle_dir)
+    python = answering.QuestionAnswerer.from_bundle(bundle_dir)
     expected = {q["id"]: python.answer(q["question"], q["context"])["answer"] or "(no answer found)" for q in questions}
     return bundle_dir, questions, expected
 

@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline import squad
-from pipeline.artifacts import directory_size_bytes
-from pipeline.config import ConfigError, CoreMLConfig, PipelineConfig
-from pipeline.export.model_types import model_type_of
 from pipeline.export.gates import GateError
+from pipeline.outputs.artifacts import directory_size_bytes
+from pipeline.plan.config import ConfigError, CoreMLConfig, PipelineConfig
+from pipeline.plan.model_types import model_type_of
+from pipeline.runtime import squad
 
 # Added to masked attention scores. torch.finfo(float32).min overflows to -inf in float16 and can turn a softmax
 # into NaN; -1e4 is finite in float16 and still gives masked keys a weight of exp(-1e4) = 0.
@@ -26,7 +26,7 @@ COMPRESSED_WEIGHT_OPS = {"int8": ("constexpr_blockwise_shift_scale", "constexpr_
 
 
 class CoreMLQuestionAnswering(torch.nn.Module):
-    """A QA model of an exportable type (pipeline/export/model_types.py: BERT, DistilBERT, ELECTRA, MobileBERT)
+    """A QA model of an exportable type (pipeline/plan/model_types.py: BERT, DistilBERT, ELECTRA, MobileBERT)
     with the inputs a CoreML package takes and an explicit, fp16-safe mask."""
 
     def __init__(self, model: torch.nn.Module, pad_token_id: int, sep_token_id: int, mask_input: bool):
@@ -198,7 +198,7 @@ def check_package(info: dict, variant: str, cfg: CoreMLConfig, n_weight_matrices
 @torch.no_grad()
 def proxy_logits(wrapped: torch.nn.Module, features, cfg: PipelineConfig,
                  half: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """Start and end logits of the PyTorch-side proxy on the windows `features` (qa.validation_windows), computed
+    """Start and end logits of the PyTorch-side proxy on the windows `features` (qa_windows.validation_windows), computed
     in float16 like the package (half=False: float32, for the fallback's many quick comparisons)."""
     model = wrapped.half() if half else wrapped
     ids = np.asarray(features.with_format("numpy")["input_ids"])
@@ -216,7 +216,7 @@ def proxy_logits(wrapped: torch.nn.Module, features, cfg: PipelineConfig,
 
 def proxy_predictions(wrapped: torch.nn.Module, dev, features, cfg: PipelineConfig, half: bool = True) -> dict[str, str]:
     """Dev answers of the PyTorch-side proxy (float16 like the package, unless half=False) on dev's windows
-    `features` (qa.validation_windows)."""
+    `features` (qa_windows.validation_windows)."""
     starts, ends = proxy_logits(wrapped, features, cfg, half)
     return squad.postprocess_predictions(dev, features, starts, ends, n_best_size=cfg.squad.n_best_size,
                                          max_answer_length=cfg.squad.max_answer_length)

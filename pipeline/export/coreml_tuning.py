@@ -18,11 +18,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline import qa, squad
-from pipeline.config import PipelineConfig
+from pipeline.data import qa_windows
 from pipeline.export.coreml import compress, compressible_layers, load_wrapped, proxy_logits
 from pipeline.export.int8_tuning import distribution_divergence, tuning_records
-from pipeline.statistics import per_question_f1
+from pipeline.measurement.statistics import per_question_f1
+from pipeline.plan.config import PipelineConfig
+from pipeline.runtime import squad
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ class ProxyTuning:
     """Tuning questions windowed for the PyTorch proxy, with the uncompressed model's logits and per-question F1."""
 
     records: object  # datasets.Dataset
-    features: object  # their windows (qa.validation_windows)
+    features: object  # their windows (qa_windows.validation_windows)
     gold: dict[str, list[str]]
     reference: tuple[np.ndarray, np.ndarray]
     reference_f1: np.ndarray
@@ -54,7 +55,7 @@ def proxy_tuning(data_dir: Path, model_dir: Path, mask_input: bool, cfg: Pipelin
     records, where = tuning_records(data_dir, cfg)
     if records is None:
         return None, where
-    features = qa.validation_windows(records, AutoTokenizer.from_pretrained(model_dir), cfg.squad)
+    features = qa_windows.validation_windows(records, AutoTokenizer.from_pretrained(model_dir), cfg.squad)
     reference = proxy_logits(load_wrapped(model_dir, mask_input), features, cfg, half=False)
     gold = squad.gold_answers(records)
     reference_f1 = per_question_f1(answers(reference, records, features, cfg), gold)

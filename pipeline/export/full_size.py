@@ -10,10 +10,11 @@ from typing import Literal
 
 import numpy as np
 
-from pipeline import onnx_qa, qa
-from pipeline.artifacts import directory_size_bytes, megabytes
-from pipeline.config import PipelineConfig
+from pipeline.data import qa_windows
 from pipeline.export import int8
+from pipeline.outputs.artifacts import directory_size_bytes, megabytes
+from pipeline.plan.config import PipelineConfig
+from pipeline.runtime import answering
 
 PARITY_WINDOWS, PARITY_LENGTH = 4, 128
 Architecture = Literal["distilbert", "bert-base"]  # the full-size models this module builds
@@ -36,12 +37,12 @@ def save_full_size(architecture: str, out_dir: Path, pretrained: str | None, see
     return model.num_parameters()
 
 
-def random_windows(vocab_size: int, seed: int, count: int = PARITY_WINDOWS) -> onnx_qa.Windows:
+def random_windows(vocab_size: int, seed: int, count: int = PARITY_WINDOWS) -> answering.Windows:
     rng = np.random.default_rng(seed)
     input_ids = rng.integers(5, vocab_size, size=(count, PARITY_LENGTH)).astype(np.int64)
     attention_mask = np.ones_like(input_ids)
     attention_mask[1::2, PARITY_LENGTH // 2:] = 0  # half the windows padded, as real batches are
-    return onnx_qa.Windows([str(i) for i in range(count)], input_ids, attention_mask,  # one segment
+    return answering.Windows([str(i) for i in range(count)], input_ids, attention_mask,  # one segment
                           np.zeros_like(input_ids), [[None] * PARITY_LENGTH] * count)
 
 
@@ -62,7 +63,7 @@ def build_int8_recipes(onnx_dir: Path, out_dir: Path, recipes: dict[str, int8.In
                                int4_embeddings=True, graphs_dir=graphs_dir)
 
 
-def torch_logits(model_dir: Path, windows: onnx_qa.Windows) -> tuple[np.ndarray, np.ndarray]:
+def torch_logits(model_dir: Path, windows: answering.Windows) -> tuple[np.ndarray, np.ndarray]:
     import torch
     from transformers import AutoModelForQuestionAnswering
 
@@ -70,7 +71,7 @@ def torch_logits(model_dir: Path, windows: onnx_qa.Windows) -> tuple[np.ndarray,
     with torch.no_grad():
         inputs = {"input_ids": torch.from_numpy(windows.input_ids),
                   "attention_mask": torch.from_numpy(windows.attention_mask)}
-        output = model(**qa.model_inputs(inputs | {"token_type_ids": torch.from_numpy(windows.token_type_ids)}, model))
+        output = model(**qa_windows.model_inputs(inputs | {"token_type_ids": torch.from_numpy(windows.token_type_ids)}, model))
     return output.start_logits.numpy(), output.end_logits.numpy()
 
 

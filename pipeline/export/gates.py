@@ -16,9 +16,9 @@ from typing import Any
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline import squad
 from pipeline.errors import PipelineError
-from pipeline.statistics import Z_95, paired_bootstrap_interval, per_question_f1, wilson_interval
+from pipeline.measurement.statistics import Z_95, paired_bootstrap_interval, per_question_f1, wilson_interval
+from pipeline.runtime import squad
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def gate_questions(data_dir: Path, model_dir: Path, limit: int | None) -> GateQu
     """The first `limit` dev questions (all if None) and the PyTorch model's predictions.json restricted to them."""
     import json
 
-    from pipeline.data import load_squad
+    from pipeline.data.squad_loading import load_squad
 
     records, _ = load_squad(str(data_dir / "dev.jsonl"))
     if limit and limit < len(records):

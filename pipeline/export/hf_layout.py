@@ -16,8 +16,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from pipeline.artifacts import atomic_write_json, read_json
 from pipeline.errors import PipelineError
+from pipeline.outputs.artifacts import atomic_write_json, read_json
 
 ONNX_SUBFOLDER, QUANTIZED_ONNX_NAME = "onnx", "model_quantized.onnx"
 # config.json and tokenizer.json are required: without them neither library can build the model or the tokenizer.

@@ -15,15 +15,15 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from pipeline import onnx_qa
-from pipeline.artifacts import read_json
-from pipeline.model_registry import bundled_model, exported_models
-from pipeline.config import PipelineConfig, QuantizeConfig
-from pipeline.export.onnx_graph import MODEL_FILE, optimize_graph
 from pipeline.export.gates import GateError
-from pipeline.latency import compare_latency, fastest_first
-from pipeline.machine import cpu_description
-from pipeline.statistics import paired_bootstrap_interval
+from pipeline.export.onnx_graph import MODEL_FILE, optimize_graph
+from pipeline.measurement.latency import compare_latency, fastest_first
+from pipeline.measurement.statistics import paired_bootstrap_interval
+from pipeline.outputs.artifacts import read_json
+from pipeline.outputs.machine import cpu_description
+from pipeline.plan.config import PipelineConfig, QuantizeConfig
+from pipeline.plan.model_registry import bundled_model, exported_models
+from pipeline.runtime import answering
 
 NAIVE = "int8"
 # Per target: (per_channel, reduce_range). u8s8 kernels without VNNI can overflow int16 accumulators, which
@@ -101,7 +101,7 @@ class CalibrationFeeds:
         raise NotImplementedError
 
 
-def calibration_feeds(windows: onnx_qa.Windows, graph_path: Path, count: int) -> list[dict[str, np.ndarray]]:
+def calibration_feeds(windows: answering.Windows, graph_path: Path, count: int) -> list[dict[str, np.ndarray]]:
     """Up to `count` windows as batch-1 feeds for the graph's own inputs, each cut to its real length."""
     inputs = [i.name for i in onnx.load(str(graph_path), load_external_data=False).graph.input]
     arrays = {"input_ids": windows.input_ids, "attention_mask": windows.attention_mask,
@@ -189,7 +189,7 @@ def fp32_graph(onnx_dir: Path, graph: str, graphs_dir: Path) -> Path:
 
 
 def build_variants(onnx_dir: Path, out_dir: Path, settings: dict, recipes: dict[str, Int8Recipe],
-                   calibration_windows: onnx_qa.Windows | None, calibration_count: int,
+                   calibration_windows: answering.Windows | None, calibration_count: int,
                    int4_block_size: int | None, int4_embeddings: bool, graphs_dir: Path) -> list[str]:
     """Every int8 recipe and, unless int4_block_size is None, int4, each in its own folder of out_dir with the fp32
     export's config and tokenizer; returns the variant names."""

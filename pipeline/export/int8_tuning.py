@@ -28,17 +28,17 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from pipeline import onnx_qa, squad
-from pipeline.artifacts import atomic_write_json, directory_size_bytes, megabytes, read_json
-from pipeline.config import PipelineConfig
+from pipeline.export.gates import GateQuestions, compressed_model_report
 from pipeline.export.int8 import (MODEL_FILE, Int8Recipe, activation_matmuls, calibration_feeds,
                                   choose_bundle_variant, copy_side_files, fp32_graph, int8_recipes,
                                   quantization_settings, quantize_int4, quantize_int8, weight_storage)
 from pipeline.export.openvino_target import OPENVINO_VARIANT, build_and_gate
-from pipeline.export.gates import GateQuestions, compressed_model_report
-from pipeline.latency import compare_latency
-from pipeline.machine import cpu_description
-from pipeline.statistics import per_question_f1
+from pipeline.measurement.latency import compare_latency
+from pipeline.measurement.statistics import per_question_f1
+from pipeline.outputs.artifacts import atomic_write_json, directory_size_bytes, megabytes, read_json
+from pipeline.outputs.machine import cpu_description
+from pipeline.plan.config import PipelineConfig
+from pipeline.runtime import answering, squad
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class TuningQuestions:
 
     examples: list[dict[str, str]]
     gold: dict[str, list[str]]
-    windows: onnx_qa.Windows
+    windows: answering.Windows
     source: str
 
 
@@ -62,7 +62,7 @@ def tuning_records(data_dir: Path, cfg: PipelineConfig):
     """Up to export.quantize.tuning_questions question records (datasets) the gates never score, and where they
     come from: the first training questions; for a deploy (no training set), the dev questions past
     export.gates.dev_questions; None, with the reason, when there are none."""
-    from pipeline.data import load_squad
+    from pipeline.data.squad_loading import load_squad
 
     count = cfg.export.quantize.tuning_questions
     if (data_dir / "train.jsonl").is_file():
@@ -85,7 +85,7 @@ def tuning_questions(data_dir: Path, onnx_dir: Path, cfg: PipelineConfig) -> tup
     records, where = tuning_records(data_dir, cfg)
     if records is None:
         return None, where
-    answerer = onnx_qa.QuestionAnswerer.with_squad_settings(onnx_dir / "fp32" / MODEL_FILE,
+    answerer = answering.QuestionAnswerer.with_squad_settings(onnx_dir / "fp32" / MODEL_FILE,
                                                             onnx_dir / "fp32" / "tokenizer.json", cfg.squad, threads=1)
     examples = squad.questions(records)
     return TuningQuestions(examples, squad.gold_answers(records), answerer.windows(examples), where), where
@@ -106,17 +106,17 @@ class GraphAnswers:
         self.predictions = {qid: (found[0]["text"] if found else "") for qid, found in candidates.items()}
 
 
-def first_windows(windows: onnx_qa.Windows, count: int) -> onnx_qa.Windows:
-    return onnx_qa.Windows(windows.example_ids[:count], windows.input_ids[:count], windows.attention_mask[:count],
+def first_windows(windows: answering.Windows, count: int) -> answering.Windows:
+    return answering.Windows(windows.example_ids[:count], windows.input_ids[:count], windows.attention_mask[:count],
                            windows.token_type_ids[:count], windows.context_offsets[:count])
 
 
-def graph_logits(path: Path, windows: onnx_qa.Windows) -> tuple[np.ndarray, np.ndarray]:
+def graph_logits(path: Path, windows: answering.Windows) -> tuple[np.ndarray, np.ndarray]:
     """A graph's start and end logits on `windows` (onnxruntime with every core)."""
     import onnxruntime
 
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return onnx_qa.window_logits(session, windows)
+    return answering.window_logits(session, windows)
 
 
 def distribution_divergence(reference: tuple[np.ndarray, np.ndarray], other: tuple[np.ndarray, np.ndarray],
@@ -313,7 +313,7 @@ def build_gate_and_time(onnx_dir: Path, out_dir: Path, cfg: PipelineConfig, sett
     names, fallbacks, untuned = build_and_tune(onnx_dir, out_dir, cfg, settings, recipes, tuning)
     variants, f1_by_question, windows = {}, {}, None
     for name in names:
-        answerer = onnx_qa.QuestionAnswerer.with_squad_settings(
+        answerer = answering.QuestionAnswerer.with_squad_settings(
             out_dir / name / MODEL_FILE, out_dir / name / "tokenizer.json", cfg.squad, threads=threads)
         windows = answerer.windows(questions.examples) if windows is None else windows  # one tokenizer for all
         predictions = answerer.predict(questions.examples, windows)

@@ -1,5 +1,5 @@
 """ONNX graphs of a QA model: optimum's fp32 export, onnxruntime's BERT fusions and their checks per model type
-(pipeline/export/model_types.py), logit parity.
+(pipeline/plan/model_types.py), logit parity.
 
 Used by the export_onnx stage (trained models) and export_full_size (the full-size architectures).
 """
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import onnx_qa
-from pipeline.artifacts import read_json
-from pipeline.export.model_types import attention_shape, model_type_of
 from pipeline.export.gates import GateError
+from pipeline.outputs.artifacts import read_json
+from pipeline.plan.model_types import attention_shape, model_type_of
+from pipeline.runtime import answering
 
 FUSED_OPS = ("Attention", "MultiHeadAttention", "SkipLayerNormalization", "EmbedLayerNormalization", "BiasGelu",
              "FastGelu", "Gelu", "LayerNormalization")
@@ -42,7 +42,7 @@ def optimize_graph(fp32_dir: Path, out_dir: Path, fuse_attention: bool = True) -
     options = FusionOptions("bert")
     options.enable_attention = fuse_attention
     # model_type "bert" for every exportable type (onnxruntime has no DistilBERT, ELECTRA or MobileBERT type; what
-    # its BERT fusions find in each is in pipeline/export/model_types.py).
+    # its BERT fusions find in each is in pipeline/plan/model_types.py).
     optimized = optimize_model(str(fp32_dir / MODEL_FILE), model_type="bert", num_heads=heads, hidden_size=width,
                                optimization_options=options)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -55,7 +55,7 @@ def optimize_graph(fp32_dir: Path, out_dir: Path, fuse_attention: bool = True) -
 
 
 def check_fusions(fused_ops: dict[str, int], model_type: str, n_layers: int, where: str) -> None:
-    """The fusions the optimizer makes in this model type's graph (pipeline/export/model_types.py: for BERT,
+    """The fusions the optimizer makes in this model type's graph (pipeline/plan/model_types.py: for BERT,
     DistilBERT and ELECTRA one attention per layer and a skip-LayerNorm after each sublayer; for MobileBERT no
     attention), or the graph's pattern changed and the optimizer missed it (or found one it did not before)."""
     expected = model_type_of(model_type, where)
@@ -75,24 +75,24 @@ def check_fusions(fused_ops: dict[str, int], model_type: str, n_layers: int, whe
                         + "; ".join(problems) + f" (all counts: {fused_ops})")
 
 
-def max_logit_difference(onnx_path: Path, windows: onnx_qa.Windows, torch_start, torch_end, batch_size: int) -> float:
+def max_logit_difference(onnx_path: Path, windows: answering.Windows, torch_start, torch_end, batch_size: int) -> float:
     """Largest |ONNX - PyTorch| over start and end logits at every real (unpadded) window position."""
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = 1  # onnxruntime ignores OMP_NUM_THREADS; the rule has one thread
     session = onnxruntime.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
-    onnx_start, onnx_end = onnx_qa.window_logits(session, windows, batch_size)
+    onnx_start, onnx_end = answering.window_logits(session, windows, batch_size)
     real = windows.attention_mask.astype(bool)
     return float(max(np.abs(onnx_start - torch_start)[real].max(), np.abs(onnx_end - torch_end)[real].max()))
 
 
-def windows_from_features(features) -> onnx_qa.Windows:
+def windows_from_features(features) -> answering.Windows:
     """The training code's dev windows (transformers tokenizer) in the torch-free answerer's layout."""
     columns = features.with_format("numpy")
     token_type_ids = (np.asarray(columns["token_type_ids"]) if "token_type_ids" in features.column_names
                       else np.zeros_like(np.asarray(columns["input_ids"])))
-    return onnx_qa.Windows(
+    return answering.Windows(
         example_ids=list(features["example_id"]),
         input_ids=np.asarray(columns["input_ids"], dtype=np.int64),
         attention_mask=np.asarray(columns["attention_mask"], dtype=np.int64),

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import onnx_qa
-from pipeline.artifacts import atomic_write_json, megabytes, read_json
-from pipeline.export.int8 import copy_side_files
 from pipeline.export.gates import GateQuestions, compressed_model_report
-from pipeline.latency import synthetic_feed, time_calls
-from pipeline.manifests import library_versions
+from pipeline.export.int8 import copy_side_files
+from pipeline.measurement.latency import synthetic_feed, time_calls
+from pipeline.outputs.artifacts import atomic_write_json, megabytes, read_json
+from pipeline.outputs.manifests import library_versions
+from pipeline.runtime import answering
 from pipeline.spawn import in_spawned_process
 
 logger = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ def build_and_gate(onnx_dir: Path, out_dir: Path, calibration: list[dict[str, np
 def build_and_gate_here(onnx_dir: Path, out_dir: Path, calibration: list[dict[str, np.ndarray]],
                         questions: GateQuestions, cfg, latency_runs: int) -> dict:
     """build_and_gate's work, in this process."""
-    from pipeline.openvino_session import OpenVinoSession
+    from pipeline.runtime.openvino_session import OpenVinoSession
 
     folder = out_dir / OPENVINO_VARIANT
     path, settings = nncf_int8(onnx_dir / "fp32" / "model.onnx", folder, calibration)
@@ -95,6 +95,6 @@ def predict(model_path: Path, tokenizer_path: Path, squad_settings, examples: li
             threads: int | None) -> dict[str, str]:
     """The answers of an OpenVINO model through the torch-free answerer, in this process (callers that go on to
     fork wrap it in in_spawned_process)."""
-    answerer = onnx_qa.QuestionAnswerer.with_squad_settings(model_path, tokenizer_path, squad_settings,
+    answerer = answering.QuestionAnswerer.with_squad_settings(model_path, tokenizer_path, squad_settings,
                                                             threads=threads)
     return answerer.predict(examples)

@@ -113,7 +113,7 @@ def build_nncf_int8(fp32_onnx: Path, out_dir: Path, calibration: list[dict]) -> 
 
 
 def openvino_tool(peer: str, precision: str, graph: str | None = None) -> str:
-    from pipeline.manifests import library_versions
+    from pipeline.outputs.manifests import library_versions
 
     what = "NNCF post-training int8 of the fp32 graph" if peer == OPENVINO_PEER else f"our static int8 graph ({graph})"
     return f"OpenVINO {library_versions(('openvino',))['openvino']} runtime, {what}, precision hint {precision}"
@@ -123,8 +123,8 @@ def openvino_profile(path: Path, precision: str, sequence_length: int, vocab_siz
                      runs: int) -> tuple[list[dict], str]:
     """Time per (layer type, kernel) under OpenVINO's performance counters at 1 thread, largest first (the same
     rows as the onnxruntime profile of the benchmark), and the precision the hint resolved to."""
-    from pipeline.latency import ranked_profile, synthetic_feed
-    from pipeline.openvino_session import OpenVinoSession
+    from pipeline.measurement.latency import ranked_profile, synthetic_feed
+    from pipeline.runtime.openvino_session import OpenVinoSession
 
     session = OpenVinoSession(path, 1, precision, profile=True)
     feed = synthetic_feed(session, sequence_length, vocab_size)

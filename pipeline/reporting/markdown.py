@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pipeline.config import PipelineConfig
-from pipeline.model_registry import exported_models
+from pipeline.plan.config import PipelineConfig
+from pipeline.plan.model_registry import exported_models
 from pipeline.reporting.formatting import fmt
 
 def gated_questions(rows: list[dict], dev_questions: int | None) -> str:

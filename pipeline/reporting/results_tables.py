@@ -21,8 +21,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from pipeline.artifacts import atomic_write_json, atomic_write_text, read_json
-from pipeline.machine import cpu_description
+from pipeline.outputs.artifacts import atomic_write_json, atomic_write_text, read_json
+from pipeline.outputs.machine import cpu_description
 from pipeline.reporting.formatting import minutes, number, p50, percent
 from pipeline.reporting.summary import FLOOR_RATIO_GOAL
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.artifacts import read_json
-from pipeline.config import PipelineConfig
-from pipeline.model_registry import bundled_model, exported_models, trained_models
+from pipeline.outputs.artifacts import read_json
+from pipeline.plan.config import PipelineConfig
+from pipeline.plan.model_registry import bundled_model, exported_models, trained_models
 from pipeline.reporting.formatting import p50, ratio
 
 TARGET_SIZE_MB = 207  # DistilBERT on an iPhone 7 Plus (Sanh et al. 2019)

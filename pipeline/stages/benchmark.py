@@ -9,7 +9,7 @@ architectures (export_full_size), their searched int8 graphs (int8_search, expor
   answerer, PyTorch from training, CoreML from its PyTorch-side proxy); null for the random-weight full-size
   architectures.
 - latency: batch 1, every configured length and thread count, p50 and p90 over `runs` timed runs after
-  `warmup` (pipeline.latency, the pipeline's one timer); onnxruntime sessions and torch pinned to the thread
+  `warmup` (pipeline.measurement.latency, the pipeline's one timer); onnxruntime sessions and torch pinned to the thread
   count, one process per artifact whose peak resident memory is recorded. CoreML cannot run on Linux: its latency
   is null, with the reason.
 - int8 search (rule int8_search, copied into benchmark.json): the fastest gate-passing int8 recipe and session
@@ -37,15 +37,14 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.artifacts import atomic_write_json, directory_size_bytes, megabytes, read_json
-
-from pipeline.manifests import atomic_output_dir
-from pipeline.model_registry import bundled_model, exported_models
-from pipeline.config import BenchmarkConfig, PipelineConfig
 from pipeline.errors import PipelineError
-from pipeline.latency import (BLOCK_RUNS, SETTLE_S, fastest_first, onnx_session, ranked_profile, synthetic_feed,
+from pipeline.measurement.latency import (BLOCK_RUNS, SETTLE_S, fastest_first, onnx_session, ranked_profile, synthetic_feed,
                               time_calls, time_in_blocks, time_in_turn)
-from pipeline.machine import cpu_description, high_water_mark_mb
+from pipeline.outputs.artifacts import atomic_write_json, directory_size_bytes, megabytes, read_json
+from pipeline.outputs.machine import cpu_description, high_water_mark_mb
+from pipeline.outputs.manifests import atomic_output_dir
+from pipeline.plan.config import BenchmarkConfig, PipelineConfig
+from pipeline.plan.model_registry import bundled_model, exported_models
 
 # The export libraries are imported where they are used: every timed artifact runs in a fresh process that imports
 # this module, and its start-up must not grow with them.
@@ -227,7 +226,7 @@ def runner(item: dict, sequence_length: int, threads: int, model=None):
                 model(**inputs)
         return run_once
     if item["format"] == "openvino":
-        from pipeline.openvino_session import OpenVinoSession
+        from pipeline.runtime.openvino_session import OpenVinoSession
 
         session = OpenVinoSession(item["path"], threads, item["openvino_precision"])
     else:
@@ -237,7 +236,7 @@ def runner(item: dict, sequence_length: int, threads: int, model=None):
 
 
 def interleaved_with_ours(peer: dict, ours: dict, cfg: BenchmarkConfig) -> dict:
-    """The peer and our graph timed in one process, in turn by blocks (pipeline.latency.time_in_blocks: cfg.runs
+    """The peer and our graph timed in one process, in turn by blocks (pipeline.measurement.latency.time_in_blocks: cfg.runs
     each after cfg.warmup) at every length and thread count, so a drift in machine speed cannot make one look
     faster, nor one runtime's spinning threads slow the other: {seqL: {"threadsN": {"peer": {p50, p90}, "ours":
     {p50, p90}}}}."""
@@ -537,7 +536,7 @@ def worker_main(item_json: str, benchmark_json: str, task: str, out: Path) -> in
         peak = high_water_mark_mb()
         result = {"latency_ms": latency, "peak_rss_mb": None if peak is None else round(peak, 1)}
         if item["format"] == "openvino":  # what its precision hint resolved to on this CPU
-            from pipeline.openvino_session import OpenVinoSession
+            from pipeline.runtime.openvino_session import OpenVinoSession
 
             result["runtime_precision"] = OpenVinoSession(item["path"], 1, item["openvino_precision"]).precision
         atomic_write_json(out, result)
@@ -557,7 +556,7 @@ def worker_cli(argv: list[str] | None = None) -> int:
     return worker_main(args.worker, args.benchmark_json, args.task, args.out)
 
 
-# `python -m pipeline benchmark`: run()'s parameters as flags (pipeline/stage_cli.py), with this help.
+# `python -m pipeline benchmark`: run()'s parameters as flags (pipeline/plan/stage_cli.py), with this help.
 FLAG_HELP = {
     "root": "the pipeline's output root (artifacts/)",
 }

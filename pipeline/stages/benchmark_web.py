@@ -22,11 +22,11 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from pipeline.artifacts import atomic_write_json, directory_size_bytes, megabytes, read_json
-from pipeline.model_registry import TRAINED_MODELS, bundled_model, exported_models
-from pipeline.config import BenchmarkConfig, PipelineConfig
 from pipeline.errors import PipelineError
-from pipeline.machine import cpu_description
+from pipeline.outputs.artifacts import atomic_write_json, directory_size_bytes, megabytes, read_json
+from pipeline.outputs.machine import cpu_description
+from pipeline.plan.config import BenchmarkConfig, PipelineConfig
+from pipeline.plan.model_registry import TRAINED_MODELS, bundled_model, exported_models
 
 logger = logging.getLogger(__name__)
 
@@ -206,7 +206,7 @@ def run_for_config(cfg: PipelineConfig | None, root: Path, out: Path) -> dict:
     return run(root, out, full.benchmark, bundled=(bundled, exported_models(full)[bundled]))
 
 
-# `python -m pipeline benchmark-web`: run_for_config()'s parameters as flags (pipeline/stage_cli.py), with this help.
+# `python -m pipeline benchmark-web`: run_for_config()'s parameters as flags (pipeline/plan/stage_cli.py), with this help.
 FLAG_HELP = {
     "root": "the pipeline's output root (artifacts/)",
     "out": "JSON file to write",

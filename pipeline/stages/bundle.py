@@ -14,7 +14,7 @@ artifacts/bundle/
   huggingface/              the same int8 graph in the Hugging Face layout (config.json, tokenizer files,
                             onnx/model_quantized.onnx) that transformers.js and optimum load as it is
   manifest.json             sha256 and bytes of every file, library versions, the hash of the config that built it
-The rule answers every dev question with the bundled ONNX, .ort (and OpenVINO) models through pipeline/onnx_qa.py
+The rule answers every dev question with the bundled ONNX, .ort (and OpenVINO) models through pipeline/runtime/answering.py
 (no torch) and holds them to the int8 gates against the PyTorch student.
 """
 
@@ -25,17 +25,17 @@ import logging
 import shutil
 from pathlib import Path
 
-from pipeline import onnx_qa
-from pipeline.artifacts import atomic_write_json, directory_size_bytes, megabytes, read_json
-from pipeline.manifests import (atomic_output_dir, config_sha256, files_manifest,
-                                library_versions, verify_input_dirs, verify_manifest)
-from pipeline.config import PipelineConfig
+from pipeline.export.gates import GateError, compressed_model_report, failure_lines, gate_questions, raise_for_failures
 from pipeline.export.hf_layout import write_hf_layout
+from pipeline.export.model_card import bundle_card, write_model_card
 from pipeline.export.openvino_target import OPENVINO_FILE, OPENVINO_VARIANT
 from pipeline.export.openvino_target import predict as openvino_predict
+from pipeline.outputs.artifacts import atomic_write_json, directory_size_bytes, megabytes, read_json
+from pipeline.outputs.manifests import (atomic_output_dir, config_sha256, files_manifest,
+                                library_versions, verify_input_dirs, verify_manifest)
+from pipeline.plan.config import PipelineConfig
+from pipeline.runtime import answering
 from pipeline.spawn import in_spawned_process
-from pipeline.export.gates import GateError, compressed_model_report, failure_lines, gate_questions, raise_for_failures
-from pipeline.model_card import bundle_card, write_model_card
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ def convert_to_ort(onnx_path: Path, out_dir: Path) -> Path:
     return out_dir / onnx_path.with_suffix(".ort").name
 
 
-def qa_config(cfg: PipelineConfig, answerer: onnx_qa.QuestionAnswerer, coreml: dict, tokenizer_config: dict,
+def qa_config(cfg: PipelineConfig, answerer: answering.QuestionAnswerer, coreml: dict, tokenizer_config: dict,
               openvino_model: str | None = None) -> dict:
     session = answerer.session
     return {
@@ -139,7 +139,7 @@ def gate_report(name: str, predictions: dict[str, str], questions, cfg: Pipeline
                                    questions.pytorch_f1, gates.min_answer_agreement, gates.max_f1_drop, gates.strict)
 
 
-def worked_example(answerer: onnx_qa.QuestionAnswerer, example: dict) -> dict:
+def worked_example(answerer: answering.QuestionAnswerer, example: dict) -> dict:
     windows = answerer.windows([example])
     result = answerer.answer(example["question"], example["context"], n_best=3)
     first = windows.input_ids[0][: int(windows.attention_mask[0].sum())].tolist()
@@ -224,7 +224,7 @@ Dev set of this build ({metrics['n_questions']} questions): exact match {metrics
 6. The best pair over all windows is the answer. Cut its text from the original context with the offsets
    (start of the first token, end of the last): the answer keeps the context's case and accents.
 
-The torch-free answerer `pipeline/onnx_qa.py` is the specification to port (onnxruntime + tokenizers + numpy):
+The torch-free answerer `pipeline/runtime/answering.py` is the specification to port (onnxruntime + tokenizers + numpy):
 `python -m pipeline answer --bundle <this folder> --question "..." --context "..."`.
 
 ## Worked example (from this build)
@@ -269,7 +269,7 @@ def run(cfg: PipelineConfig, quantized_dir: Path, coreml_dir: Path, model_dir: P
         shipped = {"onnx": tmp / ONNX_NAME, "ort": ort_path}
         reports, predictions = [], {}
         for name, path in shipped.items():
-            answerer = onnx_qa.QuestionAnswerer.with_squad_settings(path, tmp / "tokenizer.json", cfg.squad, threads=1)
+            answerer = answering.QuestionAnswerer.with_squad_settings(path, tmp / "tokenizer.json", cfg.squad, threads=1)
             predictions[name] = answerer.predict(examples)
             reports.append(gate_report(f"{out_dir}/{path.relative_to(tmp)}", predictions[name], questions, cfg))
         raise_for_failures(reports, str(out_dir))
@@ -293,7 +293,7 @@ def run(cfg: PipelineConfig, quantized_dir: Path, coreml_dir: Path, model_dir: P
                                OPENVINO_VARIANT)
                 shutil.rmtree(tmp / "openvino")
                 x86_rejected = True
-        answerer = onnx_qa.QuestionAnswerer.with_squad_settings(tmp / ONNX_NAME, tmp / "tokenizer.json", cfg.squad,
+        answerer = answering.QuestionAnswerer.with_squad_settings(tmp / ONNX_NAME, tmp / "tokenizer.json", cfg.squad,
                                                                 threads=1)
         tokenizer_config = read_json(source / "tokenizer_config.json") if (source / "tokenizer_config.json").is_file() else {}
         config = qa_config(cfg, answerer, coreml, tokenizer_config,
@@ -343,7 +343,7 @@ def run(cfg: PipelineConfig, quantized_dir: Path, coreml_dir: Path, model_dir: P
     return metrics
 
 
-# `python -m pipeline bundle`: run()'s parameters as flags (pipeline/stage_cli.py), with this help.
+# `python -m pipeline bundle`: run()'s parameters as flags (pipeline/plan/stage_cli.py), with this help.
 FLAG_HELP = {
     "quantized_dir": "output of quantize_onnx (the bundled model)",
     "coreml_dir": "output of export_coreml (the bundled model)",

@@ -6,11 +6,11 @@ Dynamic masking every batch (optionally frequency-smoothed), no next-sentence pr
 memory-mapped tokenized corpus (tokenize_corpus), in token-budget batches.
 
 One path, on every device and in every config: both models run packed, on each micro-batch's real tokens only
-(pipeline/packed_encoder.py), and the vocabulary terms run chunked and fused (`losses.mlm_distillation_terms_in_chunks`,
-pipeline/chunked_lm_loss.py): the projection only on the rows a term reads (every token, or only the masked ones
+(pipeline/distillation/packed_encoder.py), and the vocabulary terms run chunked and fused (`losses.mlm_distillation_terms_in_chunks`,
+pipeline/distillation/chunked_lm_loss.py): the projection only on the rows a term reads (every token, or only the masked ones
 with restrict_ce_to_mask), chunk_rows at a time over a vocabulary padded to a multiple of 64, so no [rows, vocab]
 logits of the whole batch ever exist. Its readable reference, the Hugging Face models on padded batches and the
-whole-vocabulary loss (pipeline/distillation_reference.py), is what the tests hold it equal to.
+whole-vocabulary loss (pipeline/distillation/reference_loss.py), is what the tests hold it equal to.
 """
 
 from __future__ import annotations
@@ -24,18 +24,17 @@ import torch
 from torch.nn import Module
 from transformers import AutoTokenizer, BertForMaskedLM, DistilBertForMaskedLM
 
-from pipeline.artifacts import atomic_write_json
-
-from pipeline.manifests import atomic_output_dir, fingerprint, to_plain, verify_input_dirs
-from pipeline.config import DistillPretrainConfig, PipelineConfig
-from pipeline.corpus import TokenizedCorpus, copy_ids_to_node, node_local_ids_path, token_budget_batches
-from pipeline.chunked_lm_loss import ChunkLayout, VocabProjection
-from pipeline.losses import mlm_distillation_terms_in_chunks
-from pipeline.masking import selection_weights_from_counts
-from pipeline.model_card import mlm_student_card, write_model_card
-from pipeline.mlm import MaskedBatchCollator, masked_token_accuracy, rows, special_token_ids
-from pipeline.packed_encoder import PackedBertEncoder, PackedDistilBertEncoder, encoder_inputs
-from pipeline.students import freeze
+from pipeline.data.corpus import TokenizedCorpus, copy_ids_to_node, node_local_ids_path, token_budget_batches
+from pipeline.data.masking import selection_weights_from_counts
+from pipeline.data.mlm_batches import MaskedBatchCollator, masked_token_accuracy, rows, special_token_ids
+from pipeline.distillation.chunked_lm_loss import ChunkLayout, VocabProjection
+from pipeline.distillation.losses import mlm_distillation_terms_in_chunks
+from pipeline.distillation.packed_encoder import PackedBertEncoder, PackedDistilBertEncoder, encoder_inputs
+from pipeline.distillation.students import freeze
+from pipeline.export.model_card import mlm_student_card, write_model_card
+from pipeline.outputs.artifacts import atomic_write_json
+from pipeline.outputs.manifests import atomic_output_dir, fingerprint, to_plain, verify_input_dirs
+from pipeline.plan.config import DistillPretrainConfig, PipelineConfig
 from pipeline.training.loop import train
 from pipeline.training.processes import is_main_process, once_per_node, process_group_from_env
 from pipeline.training.run_settings import maybe_compile, prepare_run, use_bf16
@@ -71,7 +70,7 @@ def distillation_terms(
     to chunks of cfg.chunked_loss_rows over the vocabulary padded to a multiple of 64."""
     if "cu_seqlens" not in batch:
         raise ValueError("distill_pretrain's loss takes packed batches (MaskedBatchCollator(pack_to_multiple_of=...)); "
-                         "pipeline.distillation_reference computes it on padded ones")
+                         "pipeline.distillation.reference_loss computes it on padded ones")
     # `is None`, not `or`: the truth value of a torch.compile'd module is its len(), which raises.
     if student_forward is None or teacher_forward is None:
         default_student, default_teacher = encoders(student, teacher)
@@ -185,7 +184,7 @@ def run(
     return metrics
 
 
-# `python -m pipeline distill-pretrain`: run()'s parameters as flags (pipeline/stage_cli.py), with this help.
+# `python -m pipeline distill-pretrain`: run()'s parameters as flags (pipeline/plan/stage_cli.py), with this help.
 FLAG_HELP = {
     "student_dir": "output of init_student",
     "teacher": "teacher_pretrain output directory or a hub BERT name",

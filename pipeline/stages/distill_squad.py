@@ -2,8 +2,8 @@
 
 distill_squad (Sanh et al. 2019, second step): DistilBertForQuestionAnswering initialised from the
 distill_pretrain output learns from the gold spans and from the frozen teacher_finetune model, with the
-objectives `distill_squad.objectives` names (distilbert, pkd, tinybert: pipeline/squad_objectives.py, which also
-holds the loss; the study's variants of them: pipeline/study_runs.py); the teacher's logits are cached when they
+objectives `distill_squad.objectives` names (distilbert, pkd, tinybert: pipeline/distillation/squad_objectives.py, which also
+holds the loss; the study's variants of them: pipeline/plan/study_runs.py); the teacher's logits are cached when they
 are all the objectives read, and TinyBERT's two steps are two phases of the run.
 student_finetune (--ce-only): the same student with plain CE and no teacher, so the report shows what the
 second distillation step adds.
@@ -24,15 +24,15 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model, save_file, save_model
 from transformers import AutoModelForMaskedLM, AutoTokenizer, BertForQuestionAnswering, DistilBertForQuestionAnswering
 
-from pipeline import qa
-from pipeline.augment import augment_windows
-from pipeline.artifacts import atomic_write_json, atomic_write_text, read_json
-from pipeline.manifests import atomic_output_dir, fingerprint, to_plain, verify_input_dirs
-from pipeline.config import ConfigError, PipelineConfig
-from pipeline.data import load_squad
-from pipeline.model_card import qa_student_card, write_model_card
-from pipeline.squad_objectives import SquadDistillationLoss, distillation_plan, logits_suffice, training_phases
-from pipeline.students import freeze
+from pipeline.data import qa_windows
+from pipeline.data.augment import augment_windows
+from pipeline.data.squad_loading import load_squad
+from pipeline.distillation.squad_objectives import SquadDistillationLoss, distillation_plan, logits_suffice, training_phases
+from pipeline.distillation.students import freeze
+from pipeline.export.model_card import qa_student_card, write_model_card
+from pipeline.outputs.artifacts import atomic_write_json, atomic_write_text, read_json
+from pipeline.outputs.manifests import atomic_output_dir, fingerprint, to_plain, verify_input_dirs
+from pipeline.plan.config import ConfigError, PipelineConfig
 from pipeline.training.loop import train
 from pipeline.training.processes import is_main_process
 from pipeline.training.run_settings import prepare_run, seed_everything, use_bf16
@@ -70,9 +70,9 @@ def teacher_window_logits(
     for begin in range(0, len(by_length), batch_size):
         rows = by_length[begin : begin + batch_size]
         width = int(lengths[rows].max())
-        batch = {n: t[rows, :width].to(device) for n, t in windows.items() if n in qa.MODEL_INPUT_NAMES}
+        batch = {n: t[rows, :width].to(device) for n, t in windows.items() if n in qa_windows.MODEL_INPUT_NAMES}
         with torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16, enabled=autocast_bf16):
-            output = teacher(**qa.model_inputs(batch, teacher))
+            output = teacher(**qa_windows.model_inputs(batch, teacher))
         starts[rows, :width] = output.start_logits.float().cpu()
         ends[rows, :width] = output.end_logits.float().cpu()
     return {"teacher_start_logits": starts, "teacher_end_logits": ends}
@@ -209,7 +209,7 @@ def run(
     dcfg = cfg.distill_squad
     device = prepare_run(dcfg.train, cfg.seed)
     tokenizer = AutoTokenizer.from_pretrained(student_dir)
-    student = qa.prepare_for_qa_training(DistilBertForQuestionAnswering.from_pretrained(student_dir).to(device), cfg.squad)
+    student = qa_windows.prepare_for_qa_training(DistilBertForQuestionAnswering.from_pretrained(student_dir).to(device), cfg.squad)
     teacher = None
     plan: dict = {}
     projection = None
@@ -223,7 +223,7 @@ def run(
 
     train_examples, _ = load_squad(str(data_dir / "train.jsonl"))
     dev, _ = load_squad(str(data_dir / "dev.jsonl"))
-    windows = qa.train_window_tensors(train_examples, tokenizer, cfg.squad)
+    windows = qa_windows.train_window_tensors(train_examples, tokenizer, cfg.squad)
     n_gold_windows = len(windows["input_ids"])
     augment = teacher is not None and dcfg.augmentation.copies > 0
     if augment:
@@ -270,11 +270,11 @@ def run(
         result = train(
             module=trainable,
             compute_loss=SquadDistillationLoss(student, teacher, phase_cfg, plan, projection, tokenizer.sep_token_id),
-            examples=list(range(len(phase_windows["input_ids"]))), collate=qa.window_collate(phase_windows),
+            examples=list(range(len(phase_windows["input_ids"]))), collate=qa_windows.window_collate(phase_windows),
             cfg=phase_cfg.train, seed=cfg.seed, device=device,
             checkpoint_dir=work_dir / ("checkpoints" if len(phases) == 1 else f"checkpoints-{phase}"),
             log_path=phase_log(work_dir, phase, len(phases)), fingerprint=phase_id, description=description,
-            example_lengths=qa.window_lengths(phase_windows), final=last,
+            example_lengths=qa_windows.window_lengths(phase_windows), final=last,
             # TinyBERT's phases leave the QA head (first) or the width projection (second) out of the loss.
             find_unused_parameters=len(phases) > 1,
         )
@@ -285,7 +285,7 @@ def run(
             tmp.replace(finished)
     if not is_main_process():
         return phase_results[-1]  # evaluation and outputs are rank 0's
-    dev_metrics, predictions = qa.evaluate_qa(student, tokenizer, dev, cfg.squad, device)
+    dev_metrics, predictions = qa_windows.evaluate_qa(student, tokenizer, dev, cfg.squad, device)
     training = combine_phase_metrics(phase_results, cache_seconds)
     metrics = {
         **dev_metrics,
@@ -321,7 +321,7 @@ def run(
     return metrics
 
 
-# `python -m pipeline distill-squad`: run()'s parameters as flags (pipeline/stage_cli.py), with this help.
+# `python -m pipeline distill-squad`: run()'s parameters as flags (pipeline/plan/stage_cli.py), with this help.
 FLAG_HELP = {
     "student_dir": "output of distill_pretrain, or student.pretrained (a folder or a hub name)",
     "teacher_dir": "output of teacher_finetune",

@@ -20,14 +20,15 @@ from pathlib import Path
 
 import torch
 
-from pipeline import qa, squad
-from pipeline.artifacts import atomic_write_json, directory_size_bytes, megabytes
-from pipeline.manifests import atomic_output_dir, verify_input_dirs
-from pipeline.config import PipelineConfig
+from pipeline.data import qa_windows
 from pipeline.export.coreml import (MASKED_SCORE, check_lengths, check_package, convert, load_wrapped,
                                     proxy_predictions, read_package, weight_matrix_count)
 from pipeline.export.coreml_tuning import compress_with_fallback, proxy_tuning
 from pipeline.export.gates import compressed_model_report, gate_questions
+from pipeline.outputs.artifacts import atomic_write_json, directory_size_bytes, megabytes
+from pipeline.outputs.manifests import atomic_output_dir, verify_input_dirs
+from pipeline.plan.config import PipelineConfig
+from pipeline.runtime import squad
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +46,7 @@ def run(cfg: PipelineConfig, model_dir: Path, data_dir: Path | None, out_dir: Pa
     if data_dir is not None:
         questions = gate_questions(data_dir, model_dir, gates.dev_questions)
         dev, gold = questions.records, questions.gold
-        features = qa.validation_windows(dev, AutoTokenizer.from_pretrained(model_dir), cfg.squad)  # once for all
+        features = qa_windows.validation_windows(dev, AutoTokenizer.from_pretrained(model_dir), cfg.squad)  # once for all
         pytorch_predictions, pytorch_f1 = questions.pytorch_predictions, questions.pytorch_f1
 
     compressed_variants = set(ccfg.variants) - {"fp16"}

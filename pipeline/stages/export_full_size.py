@@ -19,15 +19,14 @@ import json
 import logging
 from pathlib import Path
 
-from pipeline.artifacts import atomic_write_json, directory_size_bytes, megabytes
-
-from pipeline.manifests import atomic_output_dir
-from pipeline.config import PipelineConfig
 from pipeline.export import int8
 from pipeline.export.full_size import (PARITY_WINDOWS, Architecture, build_int8_recipes, export_coreml_packages,
                                        random_windows, save_full_size, torch_logits)
-from pipeline.export.onnx_graph import MODEL_FILE, check_fusions, export_fp32, max_logit_difference, optimize_graph
 from pipeline.export.gates import enforce_if_strict, logit_parity_report
+from pipeline.export.onnx_graph import MODEL_FILE, check_fusions, export_fp32, max_logit_difference, optimize_graph
+from pipeline.outputs.artifacts import atomic_write_json, directory_size_bytes, megabytes
+from pipeline.outputs.manifests import atomic_output_dir
+from pipeline.plan.config import PipelineConfig
 
 logger = logging.getLogger(__name__)
 

@@ -14,13 +14,12 @@ import logging
 import shutil
 from pathlib import Path
 
-from pipeline.artifacts import atomic_write_json, directory_size_bytes, megabytes, read_json
-
-from pipeline.manifests import atomic_output_dir
-from pipeline.config import PipelineConfig
 from pipeline.export import int8
 from pipeline.export.full_size import build_int8_recipes
 from pipeline.export.onnx_graph import MODEL_FILE
+from pipeline.outputs.artifacts import atomic_write_json, directory_size_bytes, megabytes, read_json
+from pipeline.outputs.manifests import atomic_output_dir
+from pipeline.plan.config import PipelineConfig
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +43,7 @@ def run(cfg: PipelineConfig, full_size_dir: Path, choice_path: Path, out_dir: Pa
     return metrics
 
 
-# `python -m pipeline export-full-size-int8`: run()'s parameters as flags (pipeline/stage_cli.py), with this help.
+# `python -m pipeline export-full-size-int8`: run()'s parameters as flags (pipeline/plan/stage_cli.py), with this help.
 FLAG_HELP = {
     "full_size_dir": "export_full_size's folder",
     "choice_path": "int8_search's choice.json",

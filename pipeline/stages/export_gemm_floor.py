@@ -11,13 +11,12 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from pipeline.artifacts import atomic_write_json
-
-from pipeline.manifests import atomic_output_dir
-from pipeline.config import PipelineConfig
 from pipeline.export.gemm_floor import gemm_floor_graph
 from pipeline.export.int8 import NAIVE
 from pipeline.export.onnx_graph import MODEL_FILE
+from pipeline.outputs.artifacts import atomic_write_json
+from pipeline.outputs.manifests import atomic_output_dir
+from pipeline.plan.config import PipelineConfig
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +32,7 @@ def run(cfg: PipelineConfig, full_size_dir: Path, sequence_length: int, out_dir:
     return metrics
 
 
-# `python -m pipeline export-gemm-floor`: run()'s parameters as flags (pipeline/stage_cli.py), with this help.
+# `python -m pipeline export-gemm-floor`: run()'s parameters as flags (pipeline/plan/stage_cli.py), with this help.
 FLAG_HELP = {
     "full_size_dir": "export_full_size's distilbert folder",
     "sequence_length": "tokens of the activations it is fed",

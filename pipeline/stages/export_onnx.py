@@ -9,10 +9,10 @@ Outputs, under the model's folder:
   export.json fused-op counts, sizes, dev scores of both graphs through the torch-free answerer.
   parity.json largest |logit difference| against PyTorch on every dev window.
 Gates (export.gates): both graphs within max_abs_logit_diff of PyTorch, and, answered by the torch-free answerer
-(pipeline/onnx_qa.py), giving PyTorch's answer on min_pytorch_agreement of dev questions; verdicts are recorded
+(pipeline/runtime/answering.py), giving PyTorch's answer on min_pytorch_agreement of dev questions; verdicts are recorded
 (a miss stops the rule only with export.gates.strict: the shipped graphs are gated on their own). Fusions fail
 silently when the exported graph's pattern changes, so the rule fails unless the graph has the fusions its model
-type has (pipeline/export/model_types.py: one Attention per layer and one SkipLayerNormalization per sublayer in
+type has (pipeline/plan/model_types.py: one Attention per layer and one SkipLayerNormalization per sublayer in
 BERT, DistilBERT and ELECTRA; no Attention in MobileBERT).
 """
 
@@ -22,14 +22,15 @@ import json
 import logging
 from pathlib import Path
 
-from pipeline import onnx_qa, qa, squad
-from pipeline.artifacts import atomic_write_json, directory_size_bytes, megabytes
-from pipeline.manifests import atomic_output_dir, verify_input_dirs
-from pipeline.config import PipelineConfig
-from pipeline.export.onnx_graph import (MODEL_FILE, check_fusions, export_fp32, max_logit_difference, optimize_graph,
-                                        windows_from_features)
+from pipeline.data import qa_windows
 from pipeline.export.gates import (REJECTED, agreement_gate, enforce_if_strict, gate_questions, logit_parity_report,
                             overall_verdict)
+from pipeline.export.onnx_graph import (MODEL_FILE, check_fusions, export_fp32, max_logit_difference, optimize_graph,
+                                        windows_from_features)
+from pipeline.outputs.artifacts import atomic_write_json, directory_size_bytes, megabytes
+from pipeline.outputs.manifests import atomic_output_dir, verify_input_dirs
+from pipeline.plan.config import PipelineConfig
+from pipeline.runtime import answering, squad
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +45,8 @@ def run(cfg: PipelineConfig, model_dir: Path, data_dir: Path, out_dir: Path) -> 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     questions = gate_questions(data_dir, model_dir, gates.dev_questions)
     dev = questions.records
-    features = qa.validation_windows(dev, tokenizer, cfg.squad)
-    torch_start, torch_end = qa.predict_window_logits(model, features, cfg.squad.eval_batch_size, torch.device("cpu"))
+    features = qa_windows.validation_windows(dev, tokenizer, cfg.squad)
+    torch_start, torch_end = qa_windows.predict_window_logits(model, features, cfg.squad.eval_batch_size, torch.device("cpu"))
     windows = windows_from_features(features)
     pytorch_predictions = questions.pytorch_predictions
     n_layers = model.config.num_hidden_layers
@@ -66,7 +67,7 @@ def run(cfg: PipelineConfig, model_dir: Path, data_dir: Path, out_dir: Path) -> 
         examples, gold = questions.examples, questions.gold
         dev_scores = {}
         for variant in ("fp32", "optimized"):
-            answerer = onnx_qa.QuestionAnswerer.with_squad_settings(
+            answerer = answering.QuestionAnswerer.with_squad_settings(
                 tmp / variant / MODEL_FILE, tmp / variant / "tokenizer.json", cfg.squad, threads=1)
             predictions = answerer.predict(examples)
             agreement = agreement_gate(predictions, pytorch_predictions, gates.min_pytorch_agreement)
@@ -102,7 +103,7 @@ def run(cfg: PipelineConfig, model_dir: Path, data_dir: Path, out_dir: Path) -> 
     return metrics
 
 
-# `python -m pipeline export-onnx`: run()'s parameters as flags (pipeline/stage_cli.py), with this help.
+# `python -m pipeline export-onnx`: run()'s parameters as flags (pipeline/plan/stage_cli.py), with this help.
 FLAG_HELP = {
     "model_dir": "a trained QA model (save_pretrained folder)",
     "data_dir": "output of prepare_data (dev.jsonl)",

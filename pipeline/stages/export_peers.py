@@ -18,14 +18,13 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from pipeline.artifacts import atomic_write_json, read_json
-
-from pipeline.manifests import atomic_output_dir
-from pipeline.machine import cpu_description
-from pipeline.config import ConfigError, PipelineConfig
 from pipeline.export import full_size
-from pipeline.export.openvino_target import model_megabytes
 from pipeline.export import peers as peer_paths
+from pipeline.export.openvino_target import model_megabytes
+from pipeline.outputs.artifacts import atomic_write_json, read_json
+from pipeline.outputs.machine import cpu_description
+from pipeline.outputs.manifests import atomic_output_dir
+from pipeline.plan.config import ConfigError, PipelineConfig
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +75,7 @@ def run(cfg: PipelineConfig, full_size_dir: Path, peers: str, out_dir: Path) -> 
     return metrics
 
 
-# `python -m pipeline export-peers`: run()'s parameters as flags (pipeline/stage_cli.py), with this help.
+# `python -m pipeline export-peers`: run()'s parameters as flags (pipeline/plan/stage_cli.py), with this help.
 FLAG_HELP = {
     "full_size_dir": "output of export_full_size",
     "peers": "the peers to build, comma-separated",

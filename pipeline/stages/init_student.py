@@ -14,16 +14,15 @@ from typing import Literal
 
 from transformers import AutoTokenizer, BertForMaskedLM
 
-from pipeline.artifacts import atomic_write_json
-
-from pipeline.manifests import atomic_output_dir, verify_input_dirs
-from pipeline.config import PipelineConfig
-from pipeline.students import (
+from pipeline.distillation.students import (
     init_student_from_teacher,
     random_student,
     student_config_from_teacher,
     validate_student_against_teacher,
 )
+from pipeline.outputs.artifacts import atomic_write_json
+from pipeline.outputs.manifests import atomic_output_dir, verify_input_dirs
+from pipeline.plan.config import PipelineConfig
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +59,7 @@ def run(cfg: PipelineConfig, teacher: str, tokenizer_dir: Path, out_dir: Path,
     return metrics
 
 
-# `python -m pipeline init-student`: run()'s parameters as flags (pipeline/stage_cli.py), with this help.
+# `python -m pipeline init-student`: run()'s parameters as flags (pipeline/plan/stage_cli.py), with this help.
 FLAG_HELP = {
     "teacher": "teacher_pretrain output directory or a hub BERT name",
     "init": "default: student.init",

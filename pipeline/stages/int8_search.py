@@ -15,9 +15,9 @@ import json
 import logging
 from pathlib import Path
 
-from pipeline.artifacts import atomic_write_json
-from pipeline.config import PipelineConfig
 from pipeline.export.int8 import search_int8
+from pipeline.outputs.artifacts import atomic_write_json
+from pipeline.plan.config import PipelineConfig
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ def run(cfg: PipelineConfig, root: Path, out_dir: Path) -> dict:
     return search
 
 
-# `python -m pipeline int8-search`: run()'s parameters as flags (pipeline/stage_cli.py), with this help.
+# `python -m pipeline int8-search`: run()'s parameters as flags (pipeline/plan/stage_cli.py), with this help.
 FLAG_HELP = {
     "root": "the pipeline's output root (its full_size/distilbert and quantized/* folders)",
 }

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import datasets
 
-from pipeline import synthetic
-from pipeline.artifacts import atomic_write_json
-from pipeline.manifests import atomic_output_dir
-from pipeline.config import ConfigError, PipelineConfig
-from pipeline.corpus_writer import GENERATED_CORPUS_FILE, corpus_source, iter_documents
-from pipeline.data import DataError, load_squad
-from pipeline.data_sources import deploy_dev_source, looks_like_a_path
+from pipeline.data import synthetic
+from pipeline.data.corpus_writer import GENERATED_CORPUS_FILE, corpus_source, iter_documents
+from pipeline.data.squad_loading import DataError, load_squad
+from pipeline.outputs.artifacts import atomic_write_json
+from pipeline.outputs.manifests import atomic_output_dir
+from pipeline.plan.config import ConfigError, PipelineConfig
+from pipeline.plan.data_sources import deploy_dev_source, looks_like_a_path
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ The bundle takes, among the int8 variants that ship, the proven ones where there
 significantly less accurate than the most accurate one (paired bootstrap of their F1 difference), and of these the
 fastest, timed here on the building
 machine (batch 1, max_seq_length tokens, 1 thread; quantize.json keeps the runner-up and every timing): which one
-wins depends on the CPU. The recipes, their builder, the timer (pipeline.latency) and the ranking by latency are
+wins depends on the CPU. The recipes, their builder, the timer (pipeline.measurement.latency) and the ranking by latency are
 the ones of the full-size search that the speed goals are about (rule int8_search, on the full-size DistilBERT,
 over the recipes that passed on every exported model).
 """
@@ -32,12 +32,11 @@ import json
 import logging
 from pathlib import Path
 
-from pipeline.artifacts import atomic_write_json
-
-from pipeline.manifests import atomic_output_dir, verify_input_dirs
-from pipeline.config import PipelineConfig
-from pipeline.export.int8_tuning import search
 from pipeline.export.gates import gate_questions
+from pipeline.export.int8_tuning import search
+from pipeline.outputs.artifacts import atomic_write_json
+from pipeline.outputs.manifests import atomic_output_dir, verify_input_dirs
+from pipeline.plan.config import PipelineConfig
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +51,7 @@ def run(cfg: PipelineConfig, onnx_dir: Path, model_dir: Path, data_dir: Path, ou
     return metrics
 
 
-# `python -m pipeline quantize-onnx`: run()'s parameters as flags (pipeline/stage_cli.py), with this help.
+# `python -m pipeline quantize-onnx`: run()'s parameters as flags (pipeline/plan/stage_cli.py), with this help.
 FLAG_HELP = {
     "onnx_dir": "output of export_onnx",
     "model_dir": "the PyTorch model (its dev predictions and F1)",

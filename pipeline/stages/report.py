@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.artifacts import atomic_write_json, atomic_write_text, read_json
-from pipeline.config import PipelineConfig
+from pipeline.outputs.artifacts import atomic_write_json, atomic_write_text, read_json
+from pipeline.plan.config import PipelineConfig
 from pipeline.reporting.markdown import report_markdown
 from pipeline.reporting.plots import plot_accuracy, plot_losses
 from pipeline.reporting.summary import goals, summary, with_web_timings
@@ -36,7 +36,7 @@ def run(cfg: PipelineConfig, root: Path, benchmark: Path, out_dir: Path, web_ben
     return summary_data
 
 
-# `python -m pipeline report`: run()'s parameters as flags (pipeline/stage_cli.py), with this help.
+# `python -m pipeline report`: run()'s parameters as flags (pipeline/plan/stage_cli.py), with this help.
 FLAG_HELP = {
     "root": "the pipeline's output root (artifacts/)",
     "benchmark": "benchmark.json of rule benchmark",

@@ -10,7 +10,7 @@ variant (config section `study`) over N seeds from the same distilled student an
   - per run: the bootstrap standard error of its dev F1 over questions (how much one seed's figure can be trusted);
   - per variant: training seconds (mean), as the runs measured them on this machine.
 
-Run configs (pipeline/study_runs.py, `run_config`): each variant is distill_squad's config with its objectives changed and
+Run configs (pipeline/plan/study_runs.py, `run_config`): each variant is distill_squad's config with its objectives changed and
 the seed replaced; TinyBERT runs its two steps (intermediate layers, then prediction layer) as two phases of one run.
 
   python -m pipeline study-summary --config-json CFG --runs-dir artifacts/study --data-dir artifacts/data
@@ -25,10 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.artifacts import atomic_write_json, atomic_write_text, read_json
-from pipeline.config import PipelineConfig
-from pipeline.study_runs import BASELINE
-from pipeline.statistics import bootstrap_standard_error, per_question_f1, t_interval
+from pipeline.measurement.statistics import bootstrap_standard_error, per_question_f1, t_interval
+from pipeline.outputs.artifacts import atomic_write_json, atomic_write_text, read_json
+from pipeline.plan.config import PipelineConfig
+from pipeline.plan.study_runs import BASELINE
 
 logger = logging.getLogger(__name__)
 
@@ -101,9 +101,9 @@ def markdown(summary: dict, machine: dict) -> str:
 
 
 def run(cfg: PipelineConfig, runs_dir: Path, data_dir: Path, teacher_dir: Path | None, out_dir: Path) -> dict:
-    from pipeline import squad
-    from pipeline.data import load_squad
-    from pipeline.machine import cpu_description
+    from pipeline.data.squad_loading import load_squad
+    from pipeline.outputs.machine import cpu_description
+    from pipeline.runtime import squad
 
     dev, _ = load_squad(str(data_dir / "dev.jsonl"))
     gold = squad.gold_answers(dev)
@@ -117,7 +117,7 @@ def run(cfg: PipelineConfig, runs_dir: Path, data_dir: Path, teacher_dir: Path |
     return summary
 
 
-# `python -m pipeline study-summary`: run()'s parameters as flags (pipeline/stage_cli.py), with this help.
+# `python -m pipeline study-summary`: run()'s parameters as flags (pipeline/plan/stage_cli.py), with this help.
 FLAG_HELP = {
     "runs_dir": "artifacts/study: <variant>/seed<N>/ per run",
     "teacher_dir": "teacher_finetune output (its dev F1)",

@@ -16,15 +16,15 @@ from pathlib import Path
 
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM, BertForQuestionAnswering
 
-from pipeline import qa
-from pipeline.artifacts import atomic_write_json
-from pipeline.manifests import atomic_output_dir, fingerprint, to_plain, verify_input_dirs
-from pipeline.config import PipelineConfig
-from pipeline.data import load_squad
-from pipeline.losses import masked_lm_loss
-from pipeline.model_card import mlm_teacher_card, qa_teacher_card, write_model_card
-from pipeline.corpus import TokenizedCorpus, copy_ids_to_node, node_local_ids_path, token_budget_batches
-from pipeline.mlm import MaskedBatchCollator, masked_token_accuracy, rows
+from pipeline.data import qa_windows
+from pipeline.data.corpus import TokenizedCorpus, copy_ids_to_node, node_local_ids_path, token_budget_batches
+from pipeline.data.mlm_batches import MaskedBatchCollator, masked_token_accuracy, rows
+from pipeline.data.squad_loading import load_squad
+from pipeline.distillation.losses import masked_lm_loss
+from pipeline.export.model_card import mlm_teacher_card, qa_teacher_card, write_model_card
+from pipeline.outputs.artifacts import atomic_write_json
+from pipeline.outputs.manifests import atomic_output_dir, fingerprint, to_plain, verify_input_dirs
+from pipeline.plan.config import PipelineConfig
 from pipeline.training.loop import train
 from pipeline.training.processes import is_main_process, once_per_node, process_group_from_env
 from pipeline.training.run_settings import prepare_run
@@ -124,14 +124,14 @@ def run_finetune(
         source = str(pretrained_dir) if pretrained_dir else cfg.teacher.pretrained
         if not source:
             raise ValueError("teacher_finetune needs --pretrained-dir or teacher.pretrained")
-        model = qa.prepare_for_qa_training(BertForQuestionAnswering.from_pretrained(source).to(device), cfg.squad)
+        model = qa_windows.prepare_for_qa_training(BertForQuestionAnswering.from_pretrained(source).to(device), cfg.squad)
         train_examples, _ = load_squad(str(data_dir / "train.jsonl"))
-        windows = qa.train_window_tensors(train_examples, tokenizer, cfg.squad)
+        windows = qa_windows.train_window_tensors(train_examples, tokenizer, cfg.squad)
 
-        collate = qa.window_collate(windows)
+        collate = qa_windows.window_collate(windows)
 
         def compute_loss(batch):
-            output = model(**qa.model_inputs(batch, model), start_positions=batch["start_positions"],
+            output = model(**qa_windows.model_inputs(batch, model), start_positions=batch["start_positions"],
                            end_positions=batch["end_positions"])
             return {"loss": output.loss}
 
@@ -143,14 +143,14 @@ def run_finetune(
             module=model, compute_loss=compute_loss, examples=list(range(len(windows["input_ids"]))), collate=collate,
             cfg=train_cfg, seed=cfg.seed, device=device, checkpoint_dir=work_dir / "checkpoints",
             log_path=work_dir / "train_log.jsonl", fingerprint=run_id, description="teacher_finetune",
-            example_lengths=qa.window_lengths(windows),
+            example_lengths=qa_windows.window_lengths(windows),
         )
         training_metrics = {**result.as_metrics(), "n_train_examples": len(train_examples),
                             "n_train_windows": len(windows["input_ids"]), "fine_tuned_here": True}
 
     if not is_main_process():
         return training_metrics  # evaluation and outputs are rank 0's
-    dev_metrics, predictions = qa.evaluate_qa(model, tokenizer, dev, cfg.squad, device)
+    dev_metrics, predictions = qa_windows.evaluate_qa(model, tokenizer, dev, cfg.squad, device)
     metrics = {**dev_metrics, **training_metrics, "n_parameters": model.num_parameters()}
     with atomic_output_dir(out_dir, cfg) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
@@ -166,7 +166,7 @@ def run_finetune(
 
 
 # `python -m pipeline teacher-pretrain` and `teacher-finetune`: run_pretrain()'s and run_finetune()'s
-# parameters as flags (pipeline/stage_cli.py), with this help.
+# parameters as flags (pipeline/plan/stage_cli.py), with this help.
 FLAG_HELP = {
     "corpus_dir": "output of tokenize_corpus",
     "work_dir": "checkpoints and live training log",

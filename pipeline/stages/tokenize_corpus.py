@@ -3,7 +3,7 @@
 Streams the configured corpus (prepare_data's generated corpus.txt, a local text or JSON Lines file, or a hub
 dataset) through the fast tokenizer in fixed pieces, one worker process per core, and writes the flat ids file,
 the document offsets, the hold-out (by document index) and the training documents' token counts for masking
-smoothing, all from the one pass (layout: pipeline/corpus.py). teacher_pretrain and distill_pretrain, in every
+smoothing, all from the one pass (layout: pipeline/data/corpus.py). teacher_pretrain and distill_pretrain, in every
 rank, read these files and never tokenize or hash the corpus again.
 """
 
@@ -13,11 +13,10 @@ import json
 import logging
 from pathlib import Path
 
-from pipeline.artifacts import atomic_write_json
-
-from pipeline.manifests import atomic_output_dir, verify_input_dirs
-from pipeline.config import ConfigError, PipelineConfig
-from pipeline.corpus_writer import corpus_source, tokenize_corpus
+from pipeline.data.corpus_writer import corpus_source, tokenize_corpus
+from pipeline.outputs.artifacts import atomic_write_json
+from pipeline.outputs.manifests import atomic_output_dir, verify_input_dirs
+from pipeline.plan.config import ConfigError, PipelineConfig
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +47,7 @@ def _vocab_size(tokenizer_dir: Path) -> int:
     return Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json")).get_vocab_size(with_added_tokens=True)
 
 
-# `python -m pipeline tokenize-corpus`: run()'s parameters as flags (pipeline/stage_cli.py), with this help.
+# `python -m pipeline tokenize-corpus`: run()'s parameters as flags (pipeline/plan/stage_cli.py), with this help.
 FLAG_HELP = {
     "data_dir": "output of prepare_data",
     "workers": "tokenizing processes (the rule's threads)",

@@ -15,11 +15,10 @@ from typing import Iterable, Iterator
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, BertTokenizerFast, PreTrainedTokenizerFast
 
-from pipeline.artifacts import atomic_write_json
-
-from pipeline.manifests import atomic_output_dir, verify_input_dirs
-from pipeline.config import PipelineConfig, TokenizerConfig
-from pipeline.corpus_writer import corpus_source, training_documents
+from pipeline.data.corpus_writer import corpus_source, training_documents
+from pipeline.outputs.artifacts import atomic_write_json
+from pipeline.outputs.manifests import atomic_output_dir, verify_input_dirs
+from pipeline.plan.config import PipelineConfig, TokenizerConfig
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from transformers.trainer_pt_utils import get_length_grouped_indices
 
-from pipeline.config import TrainConfig
+from pipeline.plan.config import TrainConfig
 from pipeline.training.processes import ProcessGroup
 
 Batch = dict[str, torch.Tensor]
@@ -51,7 +51,7 @@ def shard(global_batch: list[int], rank: int, world_size: int) -> list[int]:
 
 # An epoch plan: epoch -> every batch of the epoch for all ranks together (a multiple of world_size of them,
 # batch b for rank b % world_size), each a list or array of example indices. The MLM stages pass a token-budget
-# plan (pipeline.corpus.token_budget_batches); without one, batches hold batch_size examples.
+# plan (pipeline.data.corpus.token_budget_batches); without one, batches hold batch_size examples.
 EpochPlan = Callable[[int], Sequence[Sequence[int]]]
 
 

@@ -16,7 +16,7 @@ import torch
 import torch.distributed
 from safetensors.torch import load_model, save_model
 
-from pipeline.manifests import ManifestError, verify_manifest, write_manifest
+from pipeline.outputs.manifests import ManifestError, verify_manifest, write_manifest
 from pipeline.training.processes import ProcessGroup, barrier
 
 logger = logging.getLogger(__name__)

@@ -41,7 +41,7 @@ import torch.distributed
 from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
-from pipeline.config import TrainConfig
+from pipeline.plan.config import TrainConfig
 from pipeline.training.batching import (
     Batch, EpochPlan, count_optimizer_steps, examples_per_batch_plan, micro_batch_loader,
     micro_batch_loss_scale, planned_token_weights, rank_batches, to_device,

@@ -12,8 +12,8 @@ from datetime import timedelta
 import torch
 import torch.distributed
 
-from pipeline.config import TrainConfig
-from pipeline.machine import high_water_mark_mb
+from pipeline.outputs.machine import high_water_mark_mb
+from pipeline.plan.config import TrainConfig
 from pipeline.training.processes import die_with_the_launcher, process_group_from_env
 
 logger = logging.getLogger(__name__)

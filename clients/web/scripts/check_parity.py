@@ -1,4 +1,4 @@
-"""Parity of the JavaScript client with the torch-free Python answerer (pipeline.onnx_qa) on one bundle and question
+"""Parity of the JavaScript client with the torch-free Python answerer (pipeline.runtime.answering) on one bundle and question
 file.
 
 Runs `node scripts/parity.mjs` on each backend, then compares with the Python answerer on the same questions:
@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pipeline import onnx_qa
+from pipeline.runtime import answering
 
 CLIENT_DIR = Path(__file__).resolve().parents[1]
 
@@ -32,7 +32,7 @@ CLIENT_DIR = Path(__file__).resolve().parents[1]
 def read_questions(path: Path) -> list[dict[str, str]]:
     """JSON lines (the pipeline's dev.jsonl) or whatever `python -m pipeline answer --json` reads."""
     if path.suffix != ".jsonl":
-        return onnx_qa.read_questions(path)
+        return answering.read_questions(path)
     questions = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if line.strip():
@@ -55,7 +55,7 @@ def run_javascript(bundle: Path, questions: Path, backend: str, tokenizer: str =
         return json.loads(out.read_text(encoding="utf-8"))
 
 
-def compare_windows(python_windows: onnx_qa.Windows, js_windows: list[dict]) -> dict:
+def compare_windows(python_windows: answering.Windows, js_windows: list[dict]) -> dict:
     """Windows whose ids, token types or context offsets differ, with the first difference of each (at most 5
     listed)."""
     differences = []
@@ -104,7 +104,7 @@ def compare_spans(contexts: dict[str, str], python_n_best: dict[str, list[dict]]
 
 def parity(bundle: Path, questions_path: Path, backends: list[str], tokenizer: str = "json") -> dict:
     questions = read_questions(questions_path)
-    answerer = onnx_qa.QuestionAnswerer.from_bundle(bundle, threads=1)
+    answerer = answering.QuestionAnswerer.from_bundle(bundle, threads=1)
     python_windows = answerer.windows(questions)
     python_n_best = answerer.n_best(questions, python_windows)
     python_answers = {qid: (candidates[0]["text"] if candidates else "") for qid, candidates in python_n_best.items()}
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         report = parity(args.bundle, args.questions, args.backends, args.tokenizer)
-    except onnx_qa.BundleError as error:
+    except answering.BundleError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     text = json.dumps(report, ensure_ascii=False, indent=1)

@@ -1,14 +1,14 @@
 // Extractive question answering on an app bundle, the same code on onnxruntime-node, onnxruntime-web and
 // onnxruntime-react-native (they share the InferenceSession / Tensor API; the caller passes the module in).
 //
-// The steps follow pipeline/onnx_qa.py, the torch-free Python answerer:
+// The steps follow pipeline/runtime/answering.py, the torch-free Python answerer:
 //   1. Tokenize question and context; cut the context into windows of max_seq_length tokens
 //      ([CLS] question [SEP] context part [SEP]) that overlap by doc_stride tokens.
 //   2. Keep, per window, the character offsets of its context tokens (other positions: null).
 //   3. Pad the windows, run them through the ONNX model in batches, each batch cut to its longest window.
 //   4-5. n-best spans per window (squad.js), the best over all windows; the text is cut from the context.
 // Answers carry two pairs of offsets into the context: start/end in UTF-16 units (JavaScript string indices)
-// and startCodePoint/endCodePoint in code points (Python str indices, as pipeline/onnx_qa.py's start/end).
+// and startCodePoint/endCodePoint in code points (Python str indices, as pipeline/runtime/answering.py's start/end).
 import { BertTokenizer, TokenizerError } from "./tokenizer.js";
 import { nBestAnswers } from "./squad.js";
 

@@ -1,4 +1,4 @@
-// n-best answer spans over a question's windows: pipeline/squad.py's n_best_predictions, step for step.
+// n-best answer spans over a question's windows: pipeline/runtime/squad.py's n_best_predictions, step for step.
 import { utf16IndexOfCodePoints } from "./tokenizer.js";
 
 /**
@@ -33,7 +33,7 @@ export function windowCandidates(offsets, startLogits, endLogits, nBestSize, max
       candidates.push({
         charStart: offsets[start][0],
         charEnd: offsets[end][1],
-        // The model's logits are float32 and so is their sum in the Python answerer (pipeline/onnx_qa.py).
+        // The model's logits are float32 and so is their sum in the Python answerer (pipeline/runtime/answering.py).
         score: Math.fround(startLogits[start] + endLogits[end]),
         startLogit: startLogits[start],
         endLogit: endLogits[end],
@@ -48,7 +48,7 @@ export function windowCandidates(offsets, startLogits, endLogits, nBestSize, max
  * {text, start, end, startCodePoint, endCodePoint, score, startLogit, endLogit}.
  * `windows` holds {offsets, startLogits, endLogits} per window, offsets in code points of `context`.
  * start/end are UTF-16 indices of `context` (context.slice(start, end) === text); startCodePoint/endCodePoint
- * count code points, as Python's str indices and pipeline/onnx_qa.py's start/end do.
+ * count code points, as Python's str indices and pipeline/runtime/answering.py's start/end do.
  */
 export function nBestAnswers(context, windows, nBestSize, maxAnswerLength) {
   let candidates = [];

@@ -1,0 +1,1 @@
+"""Outputs, the bottom layer: atomic files, manifests, the machine stamp, logging."""
