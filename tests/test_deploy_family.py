@@ -13,7 +13,8 @@ import onnxruntime
 import pytest
 from huggingface_hub import ModelCard
 
-from pipeline.export import coreml, model_types, onnx_graph
+from pipeline.export import coreml, onnx_graph
+from pipeline.plan import model_types
 from pipeline.export.gates import GateError
 from pipeline.plan.deploy import DeployError, check_local_model
 from pipeline.runtime import answering
