@@ -1,6 +1,5 @@
 """Shared test fixtures: paths, and the real SQuAD 2.0 dev sample read from ../shared (never copied in)."""
 
-import functools
 import os
 from pathlib import Path
 
@@ -46,103 +45,66 @@ def squad2_dev_sample() -> Path:
 
 
 @pytest.fixture(scope="session")
-def exported_student(tmp_path_factory) -> dict:
-    """The tiny student exported, quantized, converted to CoreML and bundled once for the whole session (read only):
-    tests/test_export.py and tests/test_web_client.py both check these files."""
-    from tests.stage_fixtures import export_tiny_student
+def exported_student(tmp_path_factory, worker_id) -> dict:
+    """The tiny student exported, quantized, converted to CoreML and bundled once for the whole run (read only):
+    tests/test_export.py and tests/test_web_client.py both check these files. Under pytest-xdist the first worker
+    that asks builds it and the others wait for it and read it (pytest-xdist's documented once-per-session pattern:
+    a file lock in the run's shared temporary folder)."""
+    from filelock import FileLock
 
-    return export_tiny_student(tmp_path_factory.mktemp("exported_student"))
+    from tests.stage_fixtures import export_tiny_student, tiny_student_exports
+
+    if worker_id == "master":  # no xdist workers: an ordinary session fixture
+        return export_tiny_student(tmp_path_factory.mktemp("exported_student"))
+    root = tmp_path_factory.getbasetemp().parent / "exported_student"  # the same folder for every worker of this run
+    with FileLock(f"{root}.lock"):
+        if not (root / "built").is_file():
+            export_tiny_student(root)
+            (root / "built").touch()  # the last step: a worker that failed halfway leaves no complete-looking build
+    return tiny_student_exports(root)
 
 
-# Builds that start with the session and run in the background (tests/background.py), and the fixture each
-# test that reads one asks for, in the order their tests run. Each runs at a niceness of its own: the documented
-# deploy, the longest chain of jobs that run one after another, at the tests' own; the DAG's just below; the
-# torchrun runs, whose processes run side by side, at the lowest. So the torchrun runs take what the others leave
-# and are still running while the tests that read the DAG and the deploy (one after another, on one core) run.
-BACKGROUND_BUILDS = ("dag_run", "documented_offline_deploy", "distributed_runs")
+# The end-to-end builds: each is made once per run by the worker that runs its tests (below), and read only.
+END_TO_END_BUILDS = ("dag_run", "documented_offline_deploy", "distributed_runs")
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the marker is what it selects on
 def pytest_collection_modifyitems(items):
-    """The tests that read a background build are marked `integration` (the end-to-end builds: `pytest -m "not
-    integration"` leaves them out) and run last, those of each build together in the order above, so that the
-    builds overlap the other tests (and the torchrun runs the tests of the others)."""
-    def reads(item) -> int:
-        return next((order for order, name in enumerate(BACKGROUND_BUILDS) if name in item.fixturenames), -1)
-
+    """A test that reads an end-to-end build is marked `integration` (`pytest -m "not integration"` leaves them
+    out). Every test joins a pytest-xdist group (`--dist loadgroup`, pyproject.toml): the tests of a build run in one
+    worker, which makes it once, and every other test runs beside its module's, whose module-scoped fixtures are then
+    made once."""
     for item in items:
-        if reads(item) >= 0:
+        build = next((name for name in END_TO_END_BUILDS if name in item.fixturenames), None)
+        if build is not None:
             item.add_marker(pytest.mark.integration)
-    items.sort(key=reads)
+        item.add_marker(pytest.mark.xdist_group(build or item.module.__name__))
 
 
-def selected(request, fixture: str) -> bool:
-    return any(fixture in item.fixturenames for item in request.session.items)
-
-
-def background_build(build, name: str, niceness: int):
-    """`build` started in the background at `niceness` (tests/background.py: InBackground), yielded, and stopped
-    when the session ends: the body of each *_in_background fixture below."""
-    from tests.background import InBackground
-
-    background = InBackground(build, name, niceness)
-    yield background
-    background.stop()
-
-
-@pytest.fixture(scope="session", autouse=True)
-def dag_run_in_background(request, tmp_path_factory):
-    """The session's DAG run (tests/dag_run.py), started with the first test when a selected test reads it."""
-    if not selected(request, "dag_run"):
-        yield None
-        return
+@pytest.fixture(scope="session")
+def dag_run(tmp_path_factory):
+    """The whole DAG on configs/test.yaml, killed once and recovered (tests/dag_run.py); its outputs are read only."""
     from tests.dag_run import run_dag_killed_and_recovered
 
-    yield from background_build(functools.partial(run_dag_killed_and_recovered, tmp_path_factory.mktemp("dag")),
-                                "dag-run", niceness=2)
+    return run_dag_killed_and_recovered(tmp_path_factory.mktemp("dag"))
 
 
 @pytest.fixture(scope="session")
-def dag_run(dag_run_in_background):
-    """The whole DAG on configs/test.yaml, killed once and recovered (tests/dag_run.py); its outputs are read only."""
-    return dag_run_in_background.result()
-
-
-@pytest.fixture(scope="session", autouse=True)
-def documented_offline_deploy_in_background(request, tmp_path_factory):
-    """docs/deploy.md's offline command (tests/deploy_run.py), started with the first test when a selected test
-    reads it and the real SQuAD sample is there."""
-    if not SHARED_SQUAD_SAMPLE.is_file() or not selected(request, "documented_offline_deploy"):
-        yield None
-        return
+def documented_offline_deploy(tmp_path_factory):
+    """docs/deploy.md's offline command in a copy of the project (tests/deploy_run.py: DeployRun); skips without the
+    real SQuAD sample."""
+    if not SHARED_SQUAD_SAMPLE.is_file():
+        pytest.skip(f"real SQuAD sample not found at {SHARED_SQUAD_SAMPLE} (../shared is absent)")
     from tests.deploy_run import prepare_documented_deploy, run_documented_deploy
 
-    prepared = prepare_documented_deploy(tmp_path_factory.mktemp("documented_deploy"), SHARED_SQUAD_SAMPLE)
-    yield from background_build(functools.partial(run_documented_deploy, *prepared), "documented-deploy",
-                                niceness=0)
-
-
-@pytest.fixture
-def documented_offline_deploy(squad2_dev_sample, documented_offline_deploy_in_background):
-    """The documented offline deploy's run (tests/deploy_run.py: DeployRun); skips without the real SQuAD sample."""
-    return documented_offline_deploy_in_background.result()
-
-
-@pytest.fixture(scope="session", autouse=True)
-def distributed_runs_in_background(request, tmp_path_factory):
-    """The torchrun runs of distill_pretrain (tests/distributed_runs.py), started with the first test when a
-    selected test reads them."""
-    if not selected(request, "distributed_runs"):
-        yield None
-        return
-    from tests.distributed_runs import run_distributed
-
-    yield from background_build(functools.partial(run_distributed, tmp_path_factory.mktemp("distributed")),
-                                "distributed-runs", niceness=19)
+    return run_documented_deploy(*prepare_documented_deploy(tmp_path_factory.mktemp("documented_deploy"),
+                                                            SHARED_SQUAD_SAMPLE))
 
 
 @pytest.fixture(scope="session")
-def distributed_runs(distributed_runs_in_background):
+def distributed_runs(tmp_path_factory):
     """distill_pretrain under torchrun: 2 processes, 1 process, and a killed 2-process run resumed on two nodes
     (tests/distributed_runs.py: DistributedRuns); read only."""
-    return distributed_runs_in_background.result()
+    from tests.distributed_runs import run_distributed
+
+    return run_distributed(tmp_path_factory.mktemp("distributed"))

@@ -3,8 +3,8 @@
 snakemake and its teacher_pretrain job are killed with SIGKILL (the process group, as when a node goes down) as
 soon as the job has written its first checkpoint; then the recovery commands of docs/scale.md, `--unlock` and
 `--rerun-incomplete`, finish the DAG. tests/test_resume_after_kill.py checks the recovery, tests/test_pipeline_dag.py
-what the finished DAG wrote: one run of the DAG serves both. It starts with the session, in the background, when a
-selected test needs it (tests/conftest.py).
+what the finished DAG wrote, tests/test_web_client.py the JavaScript client's parity on its bundle: one run of the
+DAG serves them all (tests/conftest.py: the `dag_run` fixture).
 """
 
 import json
@@ -15,10 +15,10 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from tests.conftest import PROJECT_ROOT
 from tests.dry_run import dry_run
+from tests.processes import run, start
 
 # The output root's name has spaces and both kinds of quotes: every path reaches the jobs' shells quoted, or the
 # DAG breaks.
@@ -53,9 +53,8 @@ def snakemake_command(workdir: Path, config: Path, *extra: str, target: str | No
             str(PROJECT_ROOT / "configs" / "test.yaml"), str(config), *extra]
 
 
-def run_dag_killed_and_recovered(base: Path, *, run: Callable[..., subprocess.CompletedProcess],
-                                 start: Callable[..., subprocess.Popen]) -> DagRun:
-    """`start(command, **Popen options)` and `run(command, timeout)` (tests/background.py: InBackground) start each
+def run_dag_killed_and_recovered(base: Path) -> DagRun:
+    """`start(command, **Popen options)` and `run(command, timeout)` (tests/processes.py) start each
     snakemake command in a process group of its own: the killed run is killed with its group."""
     workdir, root = base / "workdir", base / AWKWARD_NAME
     workdir.mkdir()

@@ -1,16 +1,16 @@
 """docs/deploy.md's offline command, run exactly as written in a copy of the project with ./my-qa-model (a small QA
 model trained elsewhere, as a user brings one) and ./my-dev.json (a part of the real SQuAD 2.0 dev sample) beside
-it. It runs once for the session, in the background from the session's start (tests/background.py,
-tests/conftest.py); tests/test_deploy.py checks what it built."""
+it. It runs once per test run (tests/conftest.py: the `documented_offline_deploy` fixture); tests/test_deploy.py
+checks what it built."""
 
 import json
 import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from tests.documented_commands import documented_commands, project_copy
+from tests.processes import run
 
 
 @dataclass
@@ -125,8 +125,7 @@ def prepare_documented_deploy(base: Path, dev_sample: Path) -> tuple[Path, str, 
     return project, command, environment
 
 
-def run_documented_deploy(project: Path, command: str, environment: dict[str, str], *,
-                          run: Callable[..., subprocess.CompletedProcess], start: Callable) -> DeployRun:
-    """The command in the project copy, through `run` (tests/background.py: InBackground)."""
+def run_documented_deploy(project: Path, command: str, environment: dict[str, str]) -> DeployRun:
+    """The command in the project copy, in a process group of its own (tests/processes.py: run)."""
     completed = run(command, timeout=900, shell=True, cwd=project, env=environment)
     return DeployRun(project, command, environment, completed)

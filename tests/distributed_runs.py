@@ -1,5 +1,5 @@
-"""distill_pretrain under torchrun, run once for the session in the background from its start (tests/background.py,
-tests/conftest.py); tests/test_distributed.py checks what the runs wrote.
+"""distill_pretrain under torchrun, run once per test run (tests/conftest.py: the `distributed_runs` fixture);
+tests/test_distributed.py checks what the runs wrote.
 
 2 CPU processes (PyTorch DDP on gloo) of distill_pretrain on configs/test.yaml, packed and with gradient
 accumulation, beside 1 process with the same tokens per step; and a 2-process run killed with SIGKILL after its
@@ -15,7 +15,6 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import psutil
 
@@ -82,11 +81,10 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def run_distributed(base: Path, *, run: Callable, start: Callable) -> DistributedRuns:
+def run_distributed(base: Path) -> DistributedRuns:
     """The uninterrupted 2-process and 1-process runs and the killed one, side by side (each process has one
     thread, so they share the cores without waiting on each other's thread pools); then the killed run's
-    resumption on two nodes. `run` and `start` (tests/background.py) are not needed: each command's output goes to
-    a log file beside its run."""
+    resumption on two nodes. Each command's output goes to a log file beside its run."""
     from tests.stage_fixtures import build_tiny_artifacts, tiny_config
 
     artifacts = build_tiny_artifacts(base / "tiny", tiny_config())

@@ -24,10 +24,15 @@ def tiny_config(**overrides) -> PipelineConfig:
     return load_config(PROJECT_ROOT / "configs" / "test.yaml", overrides=overrides)
 
 
+def tiny_artifact_paths(root: Path) -> dict[str, Path]:
+    """Where build_tiny_artifacts(root) writes each of its artifacts."""
+    return {name: root / name for name in ("data", "tokenizer", "corpus", "mlm_teacher", "qa_teacher", "student")}
+
+
 def build_tiny_artifacts(root: Path, cfg: PipelineConfig | None = None) -> dict[str, Path]:
     """data, tokenizer, the tokenized corpus, an (untrained) MLM teacher and QA teacher and an initialised student."""
     cfg = cfg or tiny_config()
-    paths = {name: root / name for name in ("data", "tokenizer", "corpus", "mlm_teacher", "qa_teacher", "student")}
+    paths = tiny_artifact_paths(root)
     prepare_data.run(cfg, paths["data"])
     tokenizer.run(cfg, paths["data"], paths["tokenizer"])
     from transformers import AutoTokenizer
@@ -98,6 +103,12 @@ def export_tiny_student(root: Path) -> dict:
     quantize.run(cfg, root / "onnx_student", student, paths["data"], root / "quantized")
     export_coreml.run(cfg, student, paths["data"], root / "coreml")
     bundle.run(cfg, root / "quantized", root / "coreml", student, paths["data"], root / "bundle")
-    return {"root": root, "cfg": cfg, "paths": paths, "data": paths["data"], "student": student,
-            "onnx_student": root / "onnx_student", "quantized": root / "quantized", "coreml": root / "coreml",
-            "bundle": root / "bundle"}
+    return tiny_student_exports(root)
+
+
+def tiny_student_exports(root: Path) -> dict:
+    """What export_tiny_student(root) built: its config, and where each of its files is."""
+    paths = tiny_artifact_paths(root)
+    return {"root": root, "cfg": tiny_config(export=EXPORT_RELAXED), "paths": paths, "data": paths["data"],
+            "student": root / "distilbert_qa", "onnx_student": root / "onnx_student", "quantized": root / "quantized",
+            "coreml": root / "coreml", "bundle": root / "bundle"}

@@ -111,7 +111,7 @@ def test_the_documented_offline_deploy_runs_as_written(documented_offline_deploy
     """docs/deploy.md's offline command, run exactly as written in a copy of the project with ./my-qa-model and
     ./my-dev.json beside it: no MLM corpus, no tokenizer training, no training rule, no full-size build; every
     export gated against this model's own PyTorch answers; the bundle, benchmark and report describe it. The
-    command runs from the session's start, in the background (tests/deploy_run.py)."""
+    command runs once per test run (tests/deploy_run.py)."""
     project, command = documented_offline_deploy.project, documented_offline_deploy.command
     environment, completed = documented_offline_deploy.environment, documented_offline_deploy.completed
     answerable = answerable_questions(project / "my-dev.json")  # counted from the file, as a user would

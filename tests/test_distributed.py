@@ -1,4 +1,4 @@
-"""Training stages under torchrun (tests/distributed_runs.py, run in the background from the session's start):
+"""Training stages under torchrun (tests/distributed_runs.py, run once per test run):
 2 CPU processes (PyTorch DDP on gloo) of distill_pretrain on configs/test.yaml, packed and with gradient
 accumulation, learn like one process with the same tokens per step, every rank returns from training, and a
 2-process run killed with SIGKILL resumes to the very same weights on two "nodes": two launchers that meet at a

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import random
@@ -166,6 +167,22 @@ def test_default_run_bundle_parity_on_every_dev_question(tmp_path):
     hard = check_parity.parity(DEFAULT_RUN / "bundle", write_questions(tmp_path / "q.json", hard_questions()), ["node"])
     assert hard["backends"]["node"]["windows_differing"] == 0, hard["backends"]["node"]["first_differences"]
     assert hard["backends"]["node"]["windows"] > len(HARD_EXAMPLES)  # the long context takes several windows
+
+
+def test_the_test_dags_bundle_answers_as_python_on_node_and_web(dag_run, tmp_path):
+    """The parity check as a user runs it (the script's command line) on the bundle the test config's DAG built: the
+    client on Node and in Chromium gives the Python answerer's windows and answers on every dev question."""
+    out = tmp_path / "parity.json"
+    completed = subprocess.run([sys.executable, str(CLIENT / "scripts" / "check_parity.py"),
+                                "--bundle", str(dag_run.root / "bundle"),
+                                "--questions", str(dag_run.root / "data" / "dev.jsonl"), "--out", str(out)],
+                               capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=600)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    report = json.loads(out.read_text())
+    assert sorted(report["backends"]) == ["node", "web"] and report["n_questions"] > 0
+    for backend, figures in report["backends"].items():
+        assert figures["windows_differing"] == 0, (backend, figures["first_differences"])
+        assert figures["answer_agreement"] >= 0.99, (backend, figures["answers_differing"])
 
 
 # An app's script on the installed package: one answer, and the backend whose runtime the app did not install.
