@@ -24,7 +24,8 @@ whole-vocabulary loss (the Hugging Face modules: pipeline/distillation/reference
   loss on the host afterwards must be seen as one (`control_syncs`), or the count would prove nothing.
 - `compile` (with `--checks ...,compile`): the packed encoders under `torch.compile` (as `train.torch_compile`
   compiles them) against eager on both micro-batches (two token counts), fp32 eval forward, rtol 1e-4 on the last
-  hidden state. The compiled training step (bf16, backward) is what benchmarks/distill_throughput.py --compile runs.
+  hidden state. The compiled training step (bf16, backward) is what `python -m benchmarks.distill_throughput
+  --compile` runs.
 
 Each check records its numbers, its tolerance and `passed`; one that raises records the error and the rest still
 run, and the JSON is written after each check (a run stopped by a time limit keeps the checks it finished;
@@ -60,12 +61,8 @@ import torch
 import transformers
 import yaml
 
-from benchmarks.distill_throughput import (
-    BertTokenIds,
-    add_model_shape_arguments,
-    random_corpus,
-    teacher_and_student,
-)
+from benchmarks.distill_throughput.cli import add_model_shape_arguments, teacher_and_student
+from benchmarks.distill_throughput.workload import BertTokenIds, random_corpus
 
 from pipeline.data.corpus import TokenizedCorpus, token_budget_batches  # noqa: E402
 from pipeline.data.mlm_batches import MaskedBatchCollator, pack_masked_batch  # noqa: E402

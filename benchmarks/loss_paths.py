@@ -1,9 +1,10 @@
 """GPU check (not a test): distill_pretrain's loss as the stage runs it against the same chunks unpadded and eager,
 in one process, at the shape of `configs/paper.yaml`'s distill_pretrain (flags scale it down).
 
-The two paths (`distill_throughput.LOSS_PATHS`): `fused`, the stage's (the vocabulary padded to a multiple of 64,
-the fused chunk compiled on CUDA), and `unpadded_eager` (30,522 columns, the chunk function eager). Both share one
-teacher, one student and, with `--compile`, the same compiled encoders; only the loss differs. Parts (`--parts`):
+The two paths (`LOSS_PATHS` of benchmarks/distill_throughput/cli.py): `fused`, the stage's (the vocabulary padded
+to a multiple of 64, the fused chunk compiled on CUDA), and `unpadded_eager` (30,522 columns, the chunk function
+eager). Both share one teacher, one student and, with `--compile`, the same compiled encoders; only the loss
+differs. Parts (`--parts`):
 
 - `gemm`: the three vocabulary GEMMs of a chunk (logits x·Wᵀ, input gradient g·W, weight gradient gᵀ·x with gᵀ a
   transposed view) at `--vocabularies` (30,522, 30,528, 30,592 by default), in the operand layouts the loss uses.
@@ -49,24 +50,25 @@ import numpy as np
 import torch
 import transformers
 
-from benchmarks.distill_throughput import (
+from benchmarks.distill_throughput.cli import (
     LOSS_PATHS,
     PAPER_CONFIG,
-    GpuTelemetry,
     add_model_shape_arguments,
-    benchmark_loop,
     build_workload,
-    launch_precision,
     loss_layout,
     measured_config,
-    peak_tflops,
-    profile_summary,
+)
+from benchmarks.distill_throughput.device import synchronize
+from benchmarks.distill_throughput.gemm_ceiling import peak_tflops, vocabulary_gemms
+from benchmarks.distill_throughput.kernels import profile_summary
+from benchmarks.distill_throughput.telemetry import GpuTelemetry
+from benchmarks.distill_throughput.workload import (
+    benchmark_loop,
+    launch_precision,
     profiled_steps,
     random_corpus,
     repeat_record,
     spread,
-    synchronize,
-    vocabulary_gemms,
 )
 
 from pipeline.data.corpus import token_budget_batches  # noqa: E402

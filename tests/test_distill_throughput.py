@@ -1,4 +1,4 @@
-"""benchmarks/distill_throughput.py on tiny models: the model FLOP count (by hand, and against torch's
+"""benchmarks/distill_throughput/ on tiny models: the model FLOP count (by hand, and against torch's
 FlopCounterMode on a forward and backward of the stage's real modules), the GEMM shapes of a step, the kernel
 classes of a profile, and the JSON a tiny CPU run writes (its keys, the interleaved order of its repeats)."""
 
@@ -16,7 +16,14 @@ from pipeline.data.mlm_batches import MaskedBatchCollator
 from pipeline.distillation.chunked_lm_loss import ChunkLayout
 from pipeline.plan.config import DistillPretrainConfig
 from pipeline.stages.distill_pretrain import distillation_terms
-from benchmarks import distill_throughput as bench
+from benchmarks.distill_throughput.cli import main
+from benchmarks.distill_throughput.flops import EncoderShape, encoder_forward_flops, head_forward_flops, model_flops
+from benchmarks.distill_throughput.gemm_ceiling import (matmul_operands, peak_tflops, step_matmul_shapes,
+                                                        vocabulary_gemms)
+from benchmarks.distill_throughput.kernels import KERNEL_CLASSES, kernel_class, profile_summary
+from benchmarks.distill_throughput.sequences import EXECUTED_TOKENS_KEY, CountingCollate, real_sequence_lengths
+from benchmarks.distill_throughput.telemetry import GpuTelemetry, _smi_number
+from benchmarks.distill_throughput.workload import PHASES, BertTokenIds
 from pipeline.distillation.students import freeze, init_student_from_teacher, student_config_from_teacher
 
 
@@ -26,9 +33,9 @@ from pipeline.distillation.students import freeze, init_student_from_teacher, st
 def test_model_flops_match_a_hand_count():
     # Student: 1 layer, H 4, I 8, V 10; teacher: the same with 2 layers; sequences of 3 and 5 real tokens, every
     # token a head row (R = N = 8).
-    student = bench.EncoderShape(layers=1, hidden=4, intermediate=8, heads=2, vocab=10)
-    teacher = bench.EncoderShape(layers=2, hidden=4, intermediate=8, heads=2, vocab=10)
-    flops = bench.model_flops(teacher, student, [3, 5], head_rows=8)
+    student = EncoderShape(layers=1, hidden=4, intermediate=8, heads=2, vocab=10)
+    teacher = EncoderShape(layers=2, hidden=4, intermediate=8, heads=2, vocab=10)
+    flops = model_flops(teacher, student, [3, 5], head_rows=8)
 
     linear_per_layer = 8 * 2 * (4 * 4 * 4 + 2 * 4 * 8)  # N x 2 x (Q, K, V, out: 4 H^2 + FFN: 2 H I) = 2,048
     attention_per_layer = 4 * 4 * (3 * 3 + 5 * 5)  # 4 H sum L^2 = 544
@@ -55,16 +62,16 @@ def tiny_teacher_and_student():
 def masked_batch(sequence_lengths, packed_multiple):
     rng = np.random.default_rng(0)
     sequences = [rng.integers(1000, 30522, size=n - 2) for n in sequence_lengths]  # n real tokens with [CLS] [SEP]
-    collator = bench.CountingCollate(MaskedBatchCollator(bench.BertTokenIds(), 0.3, None, packed_multiple), False)
+    collator = CountingCollate(MaskedBatchCollator(BertTokenIds(), 0.3, None, packed_multiple), False)
     return collator(sequences, torch.Generator().manual_seed(0))
 
 
 def executed_flops(teacher, student, n_tokens, attention_lengths, head_rows):
     """FLOPs of the matmuls that run, padding included: what FlopCounterMode sees."""
-    teacher_forward = sum(bench.encoder_forward_flops(teacher, n_tokens, attention_lengths).values()) + sum(
-        bench.head_forward_flops(teacher, head_rows).values())
-    student_forward = sum(bench.encoder_forward_flops(student, n_tokens, attention_lengths).values()) + sum(
-        bench.head_forward_flops(student, head_rows).values())
+    teacher_forward = sum(encoder_forward_flops(teacher, n_tokens, attention_lengths).values()) + sum(
+        head_forward_flops(teacher, head_rows).values())
+    student_forward = sum(encoder_forward_flops(student, n_tokens, attention_lengths).values()) + sum(
+        head_forward_flops(student, head_rows).values())
     return teacher_forward + 3 * student_forward
 
 
@@ -87,10 +94,10 @@ def test_model_flops_equal_torchs_count_when_nothing_is_padding(chunk_rows, rest
     batch = masked_batch([12, 12, 12], packed_multiple=4)
     cfg = DistillPretrainConfig(restrict_ce_to_mask=restrict)
     head_rows = len(batch["masked_positions"]) if restrict else 36
-    assert bench.real_sequence_lengths(batch) == (12, 12, 12)
+    assert real_sequence_lengths(batch) == (12, 12, 12)
 
-    ours = bench.model_flops(bench.EncoderShape.of(teacher.config), bench.EncoderShape.of(student.config),
-                             bench.real_sequence_lengths(batch), head_rows)
+    ours = model_flops(EncoderShape.of(teacher.config), EncoderShape.of(student.config),
+                       real_sequence_lengths(batch), head_rows)
     layout = ChunkLayout(chunk_rows, vocab_multiple=1)
     assert counted_by_torch(teacher, student, batch, cfg, layout) == ours["total"]
 
@@ -102,55 +109,55 @@ def test_torchs_count_exceeds_model_flops_by_exactly_the_padding():
     # counts what ran.
     teacher, student = tiny_teacher_and_student()
     batch = masked_batch([5, 9, 20], packed_multiple=8)
-    teacher_shape, student_shape = bench.EncoderShape.of(teacher.config), bench.EncoderShape.of(student.config)
-    assert bench.real_sequence_lengths(batch) == (5, 9, 20)
-    assert batch[bench.EXECUTED_TOKENS_KEY] == 40
+    teacher_shape, student_shape = EncoderShape.of(teacher.config), EncoderShape.of(student.config)
+    assert real_sequence_lengths(batch) == (5, 9, 20)
+    assert batch[EXECUTED_TOKENS_KEY] == 40
     grid = [batch["max_seqlen"]] * (len(batch["cu_seqlens"]) - 1)
     assert grid == [20, 20, 20, 20]
 
     def executed_forward(shape):
         hidden = shape.hidden
-        encoder = sum(bench.encoder_forward_flops(shape, 40, grid).values())
+        encoder = sum(encoder_forward_flops(shape, 40, grid).values())
         return encoder + 2 * 34 * hidden * hidden + 2 * 34 * hidden * 30528  # head transform; padded projection
 
     expected = executed_forward(teacher_shape) + 3 * executed_forward(student_shape)
     counted = counted_by_torch(teacher, student, batch, DistillPretrainConfig(), ChunkLayout(8))
-    model = bench.model_flops(teacher_shape, student_shape, (5, 9, 20), 34)["total"]
+    model = model_flops(teacher_shape, student_shape, (5, 9, 20), 34)["total"]
     assert counted == expected
     assert counted > model
 
 
 def test_the_step_matmul_shapes_hold_the_model_flops_apart_from_attention():
-    teacher = bench.EncoderShape(layers=2, hidden=8, intermediate=16, heads=2, vocab=50)
-    student = bench.EncoderShape(layers=1, hidden=8, intermediate=16, heads=2, vocab=50)
-    flops = bench.model_flops(teacher, student, [6, 4], head_rows=10)
+    teacher = EncoderShape(layers=2, hidden=8, intermediate=16, heads=2, vocab=50)
+    student = EncoderShape(layers=1, hidden=8, intermediate=16, heads=2, vocab=50)
+    flops = model_flops(teacher, student, [6, 4], head_rows=10)
     for chunk_rows, padded in ((1, True), (5, True), (10, True), (4, False), (64, False)):
         # Chunks that divide the rows, or eager chunks with a short tail, on the unpadded vocabulary: no padding.
-        shapes = bench.step_matmul_shapes(teacher, student, encoder_rows=10, head_rows=10, chunk_rows=chunk_rows,
-                                          padded_chunks=padded)
+        shapes = step_matmul_shapes(teacher, student, encoder_rows=10, head_rows=10, chunk_rows=chunk_rows,
+                                    padded_chunks=padded)
         matmul_flops = sum(2 * s["m"] * s["n"] * s["k"] * s["count"] for s in shapes)
         assert matmul_flops == flops["total"] - flops["attention"], chunk_rows
     # 10 rows in chunks of 4, compiled: three chunks of one shape (the last padded), the vocabulary padded to 64.
-    chunked = bench.step_matmul_shapes(teacher, student, 10, 10, chunk_rows=4, vocab_multiple=64)
+    chunked = step_matmul_shapes(teacher, student, 10, 10, chunk_rows=4, vocab_multiple=64)
     assert {"m": 4, "n": 64, "k": 8, "layout": "nt", "count": 2 * 3} in chunked  # teacher's and student's logits
     assert {"m": 4, "n": 8, "k": 64, "layout": "nn", "count": 3} in chunked  # the student's input gradient
     assert {"m": 64, "n": 8, "k": 4, "layout": "tn", "count": 3} in chunked  # its weight gradient, gᵀ a view
     assert not any(s["n"] == 50 or s["m"] == 50 or s["k"] == 50 for s in chunked)
     # Eager: two chunks of 4 and a tail of 2, no padding rows.
-    eager = bench.step_matmul_shapes(teacher, student, 10, 10, chunk_rows=4, vocab_multiple=64, padded_chunks=False)
+    eager = step_matmul_shapes(teacher, student, 10, 10, chunk_rows=4, vocab_multiple=64, padded_chunks=False)
     assert {"m": 4, "n": 64, "k": 8, "layout": "nt", "count": 2 * 2} in eager
     assert {"m": 2, "n": 64, "k": 8, "layout": "nt", "count": 2} in eager
 
 
 @pytest.mark.parametrize("layout", ["nn", "nt", "tn"])
 def test_the_gemm_operands_have_the_steps_layouts(layout):
-    a, b = bench.matmul_operands(3, 5, 4, layout, torch.float32, torch.device("cpu"))
+    a, b = matmul_operands(3, 5, 4, layout, torch.float32, torch.device("cpu"))
     assert a.shape == (3, 4) and b.shape == (4, 5)
     assert a.is_contiguous() == (layout[0] == "n") and b.is_contiguous() == (layout[1] == "n")
 
 
 def test_the_vocabulary_gemms_are_timed_at_every_size_in_the_losss_layouts():
-    results = bench.vocabulary_gemms(16, 8, [30522, 30528], torch.float32, torch.device("cpu"), 0.001)
+    results = vocabulary_gemms(16, 8, [30522, 30528], torch.float32, torch.device("cpu"), 0.001)
     assert [(r["vocab"], r["gemm"]) for r in results] == [
         (vocab, name) for vocab in (30522, 30528) for name in ("logits", "input_gradient", "weight_gradient")]
     weight_gradient = results[2]
@@ -198,7 +205,7 @@ def test_the_vocabulary_gemms_are_timed_at_every_size_in_the_losss_layouts():
     ("cudaLaunchKernel", "other"),
 ])
 def test_kernel_class_by_name(name, kind):
-    assert bench.kernel_class(name) == kind
+    assert kernel_class(name) == kind
 
 
 def test_a_gpu_profile_sums_device_time_by_class_and_leaves_the_rest_to_idle_other():
@@ -215,7 +222,7 @@ def test_a_gpu_profile_sums_device_time_by_class_and_leaves_the_rest_to_idle_oth
               event("void at::native::vectorized_elementwise_kernel<4>", 1000), event("Memcpy HtoD", 200),
               event("aten::addmm", 9000, device=DeviceType.CPU),  # host time: not on the device's timeline
               event("ProfilerStep#1", 10000, annotation=True)]
-    summary = bench.profile_summary(events, wall_seconds=0.010, on_gpu=True)
+    summary = profile_summary(events, wall_seconds=0.010, on_gpu=True)
     assert summary["seconds_by_class"] == {"gemm": 0.003, "attention": 0.001, "softmax_loss": 0.0005,
                                            "elementwise": 0.001, "idle_other": 0.0045}
     assert summary["share_by_class"]["idle_other"] == 0.45 and summary["other_ops_seconds"] == 0.0002
@@ -224,7 +231,7 @@ def test_a_gpu_profile_sums_device_time_by_class_and_leaves_the_rest_to_idle_oth
 
 def test_gpu_telemetry_summarises_what_it_read_during_the_span():
     readings = iter([{"sm_clock_mhz": 1980.0, "power_w": 650.0}, {"sm_clock_mhz": 1755.0, "power_w": 700.0}])
-    telemetry = bench.GpuTelemetry(lambda: next(readings), interval=0.01)
+    telemetry = GpuTelemetry(lambda: next(readings), interval=0.01)
     telemetry.start()
     deadline = time.monotonic() + 5
     while len(telemetry.samples) < 2 and time.monotonic() < deadline:
@@ -233,18 +240,18 @@ def test_gpu_telemetry_summarises_what_it_read_during_the_span():
     assert summary["samples"] == 2  # the third read fails (StopIteration) and only loses its sample
     assert summary["sm_clock_mhz"] == {"mean": 1867.5, "min": 1755.0, "max": 1980.0}
     assert summary["power_w"]["max"] == 700.0 and summary["temperature_c"] is None
-    assert bench._smi_number("[N/A]") is None and bench._smi_number("1980") == 1980.0
-    assert bench.GpuTelemetry(None, 0.01).stop() is None  # nothing to read (CPU): no summary
+    assert _smi_number("[N/A]") is None and _smi_number("1980") == 1980.0
+    assert GpuTelemetry(None, 0.01).stop() is None  # nothing to read (CPU): no summary
 
 
 def test_peak_is_known_for_the_lent_gpus_and_null_on_cpu():
-    assert bench.peak_tflops("NVIDIA H100 80GB HBM3", "bf16")["tflops"] == 989.4
-    assert bench.peak_tflops("NVIDIA H200", "bf16")["tflops"] == 989.4
-    assert bench.peak_tflops("NVIDIA H100 PCIe", "bf16")["tflops"] == 756.5
-    assert bench.peak_tflops("NVIDIA H200", "fp32")["tflops"] == 66.9
-    assert bench.peak_tflops("NVIDIA H100 NVL", "bf16")["tflops"] is None
-    assert bench.peak_tflops("Tesla T4", "bf16")["reason"] == "no peak on record for 'Tesla T4'"
-    assert bench.peak_tflops(None, "fp32")["tflops"] is None
+    assert peak_tflops("NVIDIA H100 80GB HBM3", "bf16")["tflops"] == 989.4
+    assert peak_tflops("NVIDIA H200", "bf16")["tflops"] == 989.4
+    assert peak_tflops("NVIDIA H100 PCIe", "bf16")["tflops"] == 756.5
+    assert peak_tflops("NVIDIA H200", "fp32")["tflops"] == 66.9
+    assert peak_tflops("NVIDIA H100 NVL", "bf16")["tflops"] is None
+    assert peak_tflops("Tesla T4", "bf16")["reason"] == "no peak on record for 'Tesla T4'"
+    assert peak_tflops(None, "fp32")["tflops"] is None
 
 
 # ------------------------------------------------------------------------------------------------ a tiny run
@@ -269,7 +276,7 @@ NEW_FIELDS = {"command", "cores", "host_load_average_1min", "gpu", "precision", 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("throughput") / "result.json"
-    result = bench.main([*TINY, "--out", str(out)])
+    result = main([*TINY, "--out", str(out)])
     return result, json.loads(out.read_text())
 
 
@@ -278,7 +285,7 @@ def test_the_json_has_the_kept_and_the_new_fields(tiny_run):
     assert written == json.loads(json.dumps(result))
     assert KEPT_FIELDS | NEW_FIELDS <= set(written)
     assert written["cpu"]["model_name"] and written["device"] == "cpu" and written["gpu"] is None
-    assert set(written["step_breakdown_seconds"]) == set(bench.PHASES)
+    assert set(written["step_breakdown_seconds"]) == set(PHASES)
     assert set(written["flop_formula"]) >= {"mfu", "micro_batch", "model_forward", "symbols", "counted", "not_counted"}
     assert written["packed_tokens_multiple_of"] == 16 and written["chunked_loss_rows"] == 24 and written["seq_len"] == 32
     assert written["loss_path"]["name"] == "fused" and written["loss_path"]["vocab_multiple"] == 64
@@ -335,7 +342,7 @@ def test_cpu_runs_report_no_peak_mfu_or_gpu_clocks_with_the_reason(tiny_run):
 def test_the_profile_splits_its_wall_time_into_the_kernel_classes(tiny_run):
     profile = tiny_run[1]["profile"]
     seconds = profile["seconds_by_class"]
-    assert list(seconds) == list(bench.KERNEL_CLASSES)
+    assert list(seconds) == list(KERNEL_CLASSES)
     assert seconds["gemm"] > 0 and seconds["elementwise"] > 0
     assert sum(seconds.values()) >= profile["wall_seconds"] - 1e-5  # idle_other takes what the others leave
     assert "aten::addmm" in {entry["name"] for entry in profile["top_by_class"]["gemm"]}
