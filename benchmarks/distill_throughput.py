@@ -89,7 +89,7 @@ from pipeline.plan.config import DistillPretrainConfig, load_config
 from pipeline.stages.distill_pretrain import distillation_terms, encoders
 from pipeline.training.batching import micro_batch_loader, to_device
 from pipeline.training.loop import build_optimizer, train
-from pipeline.training.run_settings import maybe_compile, peak_memory_mb
+from pipeline.training.run_settings import maybe_compile, peak_memory_mib
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.yaml"
@@ -685,7 +685,7 @@ def benchmark_loop(work: Workload, warmup: int, steps: int, telemetry: GpuTeleme
         "step_breakdown_seconds": {name: round(value / steps, 6) for name, value in timer.seconds().items()},
         "host_breakdown_seconds": ({name: round(value / steps, 6) for name, value in timer.host.items()}
                                    if work.device.type == "cuda" else None),
-        "peak_memory_mb": round(peak_memory_mb(work.device), 1),
+        "peak_memory_mib": round(peak_memory_mib(work.device), 1),
         "last_loss_terms": {name: float(value.detach()) for name, value in terms.items()},
     }
 
@@ -747,7 +747,7 @@ def stage_train_loop(work: Workload, warmup: int, steps: int, grad_accum_steps: 
         "seconds": seconds,
         "counts": loss.counts,
         "gpu": telemetry.stop(),
-        "peak_memory_mb": round(result.peak_memory_mb, 1),
+        "peak_memory_mib": round(result.peak_memory_mib, 1),
         "train_result": {key: value for key, value in result.as_metrics().items()
                          if key in ("steps", "train_seconds", "tokens_per_second", "mixed_precision",
                                     "final_loss_terms")},
@@ -771,7 +771,7 @@ def repeat_record(run: dict, steps: int, position: int, repeat: int, peak: float
         "model_flops": dict(counts.flops),
         "achieved_tflops": round(achieved / 1e12, 6),
         "mfu": round(achieved / (peak * 1e12), 6) if peak else None,
-        "peak_memory_mb": run["peak_memory_mb"],
+        "peak_memory_mib": run["peak_memory_mib"],
         "gpu_telemetry": run["gpu"],
     }
     for key in ("step_breakdown_seconds", "host_breakdown_seconds", "train_result"):
@@ -1113,7 +1113,7 @@ def main(argv: list[str] | None = None) -> dict:
         "gpu_clocks": ({"source": gpu_source, **gpu_static, "per_repeat": "loops.*.repeats[].gpu_telemetry"}
                        if reader else {"available": False, "reason": gpu_source}),
         "profile": profile,
-        "peak_memory_mb": max(r["peak_memory_mb"] for loop in loops.values() for r in loop["repeats"]),
+        "peak_memory_mib": max(r["peak_memory_mib"] for loop in loops.values() for r in loop["repeats"]),
         "teacher_parameters": work.teacher.num_parameters(),
         "student_parameters": work.student.num_parameters(),
         "last_loss_terms": [run for loop, _, run in rounds if loop == "benchmark_loop"][-1]["last_loss_terms"],
