@@ -15,7 +15,8 @@ Writes one JSON with the goals evaluated, and prints a table.
 Corpora and pipeline outputs go under --work-dir (default artifacts/corpus_scale, ignored by git). A corpus file
 is reused when its size and seed match; each size's pipeline outputs are deleted first, so every rule runs under
 the /proc watch (--reuse keeps them and lets Snakemake skip what is up to date; a skipped rule's peak is then
-Snakemake's sampled figure, and the memory goals stay undecided). Sizes are decimal: 1 GB = 10^9 bytes.
+Snakemake's sampled figure, and the memory goals stay undecided). Sizes are decimal: 1 GB = 10^9 bytes; memory
+is binary: MiB = 2^20 bytes.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import yaml
 
 from pipeline.data.generated_corpus import generate_corpus
 from pipeline.outputs.artifacts import atomic_write_json
-from pipeline.outputs.machine import cpu_description, high_water_mark_mb
+from pipeline.outputs.machine import cpu_description, high_water_mark_mib
 from pipeline.outputs.manifests import library_versions
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -186,15 +187,15 @@ class ProcessPeaks:
                 role = "launcher"
             else:
                 role = "child" if parent in self.peaks else "main"
-            known = self.peaks[pid] = {"rule": RULE_OF_STAGE.get(stage, stage), "role": role, "peak_rss_mb": 0.0}
-        known["peak_rss_mb"] = max(known["peak_rss_mb"], high_water_mark_mb(pid) or 0.0)
+            known = self.peaks[pid] = {"rule": RULE_OF_STAGE.get(stage, stage), "role": role, "peak_rss_mib": 0.0}
+        known["peak_rss_mib"] = max(known["peak_rss_mib"], high_water_mark_mib(pid) or 0.0)
 
     def by_rule(self) -> dict[str, dict[str, float]]:
-        """{rule: {role: largest peak among its processes of that role, MB}}."""
+        """{rule: {role: largest peak among its processes of that role, MiB}}."""
         result: dict[str, dict[str, float]] = {}
         for process in self.peaks.values():
             roles = result.setdefault(process["rule"], {})
-            roles[process["role"]] = max(roles.get(process["role"], 0.0), round(process["peak_rss_mb"], 1))
+            roles[process["role"]] = max(roles.get(process["role"], 0.0), round(process["peak_rss_mib"], 1))
         return result
 
 
@@ -269,7 +270,7 @@ def library_tokenize_speed(corpus: str | Path, tokenizer_file: str | Path, threa
 
 
 def read_benchmark_tsv(path: str | Path) -> dict | None:
-    """Snakemake's benchmark row: wall seconds (`s`) and `max_rss` (MB, the sum over the job's process tree)."""
+    """Snakemake's benchmark row: wall seconds (`s`) and `max_rss` (MiB, the sum over the job's process tree)."""
     path = Path(path)
     if not path.is_file():
         return None
@@ -283,7 +284,7 @@ def read_benchmark_tsv(path: str | Path) -> dict | None:
             return float(row[key])
         return None
 
-    return {"wall_seconds": number("s"), "max_rss_mb": number("max_rss"), "cpu_seconds": number("cpu_time")}
+    return {"wall_seconds": number("s"), "max_rss_mib": number("max_rss"), "cpu_seconds": number("cpu_time")}
 
 
 def read_metrics(path: Path) -> dict:
@@ -303,7 +304,7 @@ def collect(output_root: str | Path, corpus: dict, process_peaks: dict | None = 
     rules = {}
     for rule in RULES:
         tsv_path = root / "benchmarks" / f"{rule}.tsv"
-        row = read_benchmark_tsv(tsv_path) or {"wall_seconds": None, "max_rss_mb": None, "cpu_seconds": None}
+        row = read_benchmark_tsv(tsv_path) or {"wall_seconds": None, "max_rss_mib": None, "cpu_seconds": None}
         seen = process_peaks.get(rule, {})  # exact high-water marks, when the rule ran under ProcessPeaks
         reported = stage_reported_peaks(rule, corpus_metrics, training.get(rule, {}))
         per_process = {role: max(seen.get(role, 0.0), reported.get(role, 0.0)) for role in {**seen, **reported}}
@@ -316,16 +317,16 @@ def collect(output_root: str | Path, corpus: dict, process_peaks: dict | None = 
         else:
             # Not seen running (Snakemake found it up to date under --reuse): the best figure left is the larger
             # of Snakemake's, the tree sum of one process and its shell, sampled every 0.5 s for the first 15 s
-            # and every 30 s after, and a training stage's peak_memory_mb, read when training ends (before
+            # and every 30 s after, and a training stage's peak_memory_mib, read when training ends (before
             # evaluation and saving). Both can miss the true peak.
-            process_peak, exact = max([row["max_rss_mb"] or 0.0, *reported.values()]) or None, False
+            process_peak, exact = max([row["max_rss_mib"] or 0.0, *reported.values()]) or None, False
             source = "snakemake max_rss or the stage's metrics (sampled: a lower bound)"
         rules[rule] = {
             **row,
-            "process_peak_rss_mb": process_peak,
+            "process_peak_rss_mib": process_peak,
             "process_peak_exact": exact,
             "process_peak_source": source,
-            "process_peaks_by_role_mb": per_process,
+            "process_peaks_by_role_mib": per_process,
             "ran_this_invocation": bool(since and tsv_path.is_file() and tsv_path.stat().st_mtime >= since),
         }
     return {
@@ -335,20 +336,20 @@ def collect(output_root: str | Path, corpus: dict, process_peaks: dict | None = 
         "n_documents": corpus_metrics.get("n_documents"),
         "rules": rules,
         "tokenize": {key: corpus_metrics.get(key) for key in ("text_megabytes", "tokenize_seconds",
-                                                              "tokenize_mb_per_second", "workers", "peak_rss_mb")},
+                                                              "tokenize_mb_per_second", "workers", "peak_rss_mib")},
         "first_step_seconds": {rule: training[rule].get("first_step_seconds") for rule in TRAINING_METRICS},
-        "training_peak_memory_mb": {rule: training[rule].get("peak_memory_mb") for rule in TRAINING_METRICS},
+        "training_peak_memory_mib": {rule: training[rule].get("peak_memory_mib") for rule in TRAINING_METRICS},
     }
 
 
 def stage_reported_peaks(rule: str, corpus_metrics: dict, training_metrics: dict) -> dict[str, float]:
     """The per-process peaks a stage writes into its metrics.json, by role (as ProcessPeaks names them)."""
-    if rule == "tokenize_corpus" and corpus_metrics.get("peak_rss_mb"):
-        reported = corpus_metrics["peak_rss_mb"]
+    if rule == "tokenize_corpus" and corpus_metrics.get("peak_rss_mib"):
+        reported = corpus_metrics["peak_rss_mib"]
         return {"main": reported.get("self") or 0.0, "child": reported.get("largest_child") or 0.0}
-    if training_metrics.get("peak_memory_mb"):
+    if training_metrics.get("peak_memory_mib"):
         role = "rank0" if (training_metrics.get("processes") or 1) > 1 else "main"
-        return {role: training_metrics["peak_memory_mb"]}
+        return {role: training_metrics["peak_memory_mib"]}
     return {}
 
 
@@ -358,13 +359,13 @@ def collect_distributed(output_root: str | Path, process_peaks: dict | None = No
     rule = "distill_pretrain_main"
     metrics = read_metrics(root / TRAINING_METRICS[rule])
     roles = dict((process_peaks or {}).get(rule, {}))
-    if metrics.get("peak_memory_mb"):
-        roles["rank0"] = max(roles.get("rank0", 0.0), metrics["peak_memory_mb"])
+    if metrics.get("peak_memory_mib"):
+        roles["rank0"] = max(roles.get("rank0", 0.0), metrics["peak_memory_mib"])
     return {
         "processes": metrics.get("processes"),
         "rule": read_benchmark_tsv(root / "benchmarks" / f"{rule}.tsv"),
-        "rank0_peak_memory_mb": metrics.get("peak_memory_mb"),
-        "process_peaks_by_role_mb": roles,
+        "rank0_peak_memory_mib": metrics.get("peak_memory_mib"),
+        "process_peaks_by_role_mib": roles,
         "first_step_seconds": metrics.get("first_step_seconds"),
         "tokens_per_second": metrics.get("tokens_per_second"),
     }
@@ -372,7 +373,7 @@ def collect_distributed(output_root: str | Path, process_peaks: dict | None = No
 
 # ------------------------------------------------------------------------------------------------ goals
 
-PEAK_RSS_LIMIT_MB = 3072
+PEAK_RSS_LIMIT_MIB = 3072
 MAX_PEAK_GROWTH = 1.25
 MIN_SPEED_VS_LIBRARY = 0.5
 MAX_FIRST_STEP_GROWTH = 1.25
@@ -381,31 +382,31 @@ FIRST_STEP_SLACK_SECONDS = 5.0
 
 def evaluate_goals(sizes: list[dict], distributed: dict | None = None) -> dict:
     """The goals, each with its numbers and `passed` (None when the runs given cannot decide it):
-    every process's peak RSS at the largest size under 3 GB and at most 1.25x its figure at the smallest;
+    every process's peak RSS at the largest size under 3 GiB and at most 1.25x its figure at the smallest;
     tokenize_corpus at least half the library's speed at every size; each training stage's time to its first
     step at the largest size at most 1.25x the smallest's, or within 5 s of it; each rank of the distributed run
-    under 3 GB. `sizes` are collect() results with `size_gb` and `tokenize_speed_vs_library`, any order."""
+    under 3 GiB. `sizes` are collect() results with `size_gb` and `tokenize_speed_vs_library`, any order."""
     ordered = sorted(sizes, key=lambda size: size["size_gb"])
     smallest, largest = (ordered[0], ordered[-1]) if ordered else (None, None)
     goals: dict[str, Any] = {}
 
     if largest:
-        peaks = {rule: info["process_peak_rss_mb"] for rule, info in largest["rules"].items()
-                 if info.get("process_peak_rss_mb") is not None}
+        peaks = {rule: info["process_peak_rss_mib"] for rule, info in largest["rules"].items()
+                 if info.get("process_peak_rss_mib") is not None}
         worst = max(peaks, key=peaks.get) if peaks else None
         # Sampled figures are lower bounds: over the limit they fail, under it they decide nothing.
         exact = bool(peaks) and all(largest["rules"][rule].get("process_peak_exact") for rule in peaks)
         goals["peak_rss_under_limit"] = {
-            "passed": verdict([mb < PEAK_RSS_LIMIT_MB for mb in peaks.values()], complete=exact),
-            "limit_mb": PEAK_RSS_LIMIT_MB, "size_gb": largest["size_gb"], "by_rule_mb": peaks,
-            "largest_mb": peaks.get(worst), "largest_rule": worst,
+            "passed": verdict([mib < PEAK_RSS_LIMIT_MIB for mib in peaks.values()], complete=exact),
+            "limit_mib": PEAK_RSS_LIMIT_MIB, "size_gb": largest["size_gb"], "by_rule_mib": peaks,
+            "largest_mib": peaks.get(worst), "largest_rule": worst,
         }
 
     if smallest is not largest:
         ratios, sampled = {}, []
         for rule, info in largest["rules"].items():
             before_info = smallest["rules"].get(rule, {})
-            before, after = before_info.get("process_peak_rss_mb"), info.get("process_peak_rss_mb")
+            before, after = before_info.get("process_peak_rss_mib"), info.get("process_peak_rss_mib")
             if not (info.get("process_peak_exact") and before_info.get("process_peak_exact")):
                 sampled.append(rule)  # a sampled figure can be off either way: no ratio from it
             elif before and after is not None:
@@ -447,18 +448,19 @@ def evaluate_goals(sizes: list[dict], distributed: dict | None = None) -> dict:
     if distributed and distributed.get("error"):
         goals["distributed_ranks_under_limit"] = {
             "passed": False, "reason": "the distributed run failed", "error": distributed["error"].splitlines()[0],
-            "rank_peaks_mb": {role: mb for role, mb in distributed.get("process_peaks_by_role_mb", {}).items()
+            "rank_peaks_mib": {role: mib for role, mib in distributed.get("process_peaks_by_role_mib", {}).items()
                               if role.startswith("rank")},
         }
     elif distributed:
-        ranks = {role: mb for role, mb in distributed.get("process_peaks_by_role_mb", {}).items()
+        ranks = {role: mib for role, mib in distributed.get("process_peaks_by_role_mib", {}).items()
                  if role.startswith("rank")}
         expected = distributed.get("processes") or 0
         goals["distributed_ranks_under_limit"] = {
             # every rank must have been seen (rank 0 from metrics.json, the others from /proc)
-            "passed": verdict([mb < PEAK_RSS_LIMIT_MB for mb in ranks.values()], complete=len(ranks) >= expected > 1),
-            "limit_mb": PEAK_RSS_LIMIT_MB, "processes": expected, "rank_peaks_mb": ranks,
-            "rule_max_rss_mb": (distributed.get("rule") or {}).get("max_rss_mb"),
+            "passed": verdict([mib < PEAK_RSS_LIMIT_MIB for mib in ranks.values()],
+                              complete=len(ranks) >= expected > 1),
+            "limit_mib": PEAK_RSS_LIMIT_MIB, "processes": expected, "rank_peaks_mib": ranks,
+            "rule_max_rss_mib": (distributed.get("rule") or {}).get("max_rss_mib"),
         }
     else:
         goals["distributed_ranks_under_limit"] = {"passed": None, "reason": "no distributed run"}
@@ -487,10 +489,10 @@ def print_table(result: dict) -> None:
         corpus = size["corpus"]
         print(f"\n{size_label(size['size_gb'])}: {corpus['bytes'] / 1e6:,.1f} MB, {corpus['lines']:,} lines, "
               f"{size['n_tokens'] or 0:,} tokens")
-        print(f"  {'rule':<24}{'wall s':>9}{'max_rss MB':>12}{'process peak MB':>17}")
+        print(f"  {'rule':<24}{'wall s':>9}{'max_rss MiB':>12}{'process peak MiB':>17}")
         for rule, info in size["rules"].items():
-            print(f"  {rule:<24}{fmt(info['wall_seconds']):>9}{fmt(info['max_rss_mb']):>12}"
-                  f"{fmt(info['process_peak_rss_mb']):>17}")
+            print(f"  {rule:<24}{fmt(info['wall_seconds']):>9}{fmt(info['max_rss_mib']):>12}"
+                  f"{fmt(info['process_peak_rss_mib']):>17}")
         tokenize = size["tokenize"]
         print(f"  tokenize: pipeline {fmt(tokenize['tokenize_mb_per_second'], 1)} MB/s, library "
               f"{fmt(size['library']['tokenize_mb_per_second'], 1)} MB/s "
@@ -499,9 +501,9 @@ def print_table(result: dict) -> None:
                                           for rule, seconds in size["first_step_seconds"].items()))
     if result.get("distributed"):
         run = result["distributed"]
-        ranks = ", ".join(f"{role} {fmt(mb)} MB" for role, mb in sorted(run["process_peaks_by_role_mb"].items()))
+        ranks = ", ".join(f"{role} {fmt(mib)} MiB" for role, mib in sorted(run["process_peaks_by_role_mib"].items()))
         outcome = f"FAILED ({run['log']})" if run.get("error") else \
-            f"rule max_rss {fmt((run.get('rule') or {}).get('max_rss_mb'))} MB"
+            f"rule max_rss {fmt((run.get('rule') or {}).get('max_rss_mib'))} MiB"
         print(f"\ndistill_pretrain, {run['processes']} processes on {size_label(run['size_gb'])}: {outcome}; {ranks}")
     for failure in result.get("failures", []):
         print(f"\n{size_label(failure['size_gb'])}: FAILED ({failure['log']})")
@@ -517,8 +519,8 @@ def goal_figures(goal: dict) -> str:
     """The numbers behind a goal, in one line."""
     if "reason" in goal:
         return goal["reason"]
-    if "largest_mb" in goal:
-        return f"largest {fmt(goal['largest_mb'])} MB ({goal['largest_rule']}), limit {goal['limit_mb']} MB"
+    if "largest_mib" in goal:
+        return f"largest {fmt(goal['largest_mib'])} MiB ({goal['largest_rule']}), limit {goal['limit_mib']} MiB"
     if "largest_ratio" in goal:
         return f"largest x{fmt(goal['largest_ratio'], 2)} ({goal['largest_ratio_rule']}), limit x{goal['max_ratio']}"
     if "by_stage" in goal:
@@ -527,8 +529,8 @@ def goal_figures(goal: dict) -> str:
     if "ratio_by_size_gb" in goal:
         return ", ".join(f"{size} GB x{fmt(r, 2)}" for size, r in goal["ratio_by_size_gb"].items()) + \
             f" (at least x{goal['min_ratio']})"
-    if "rank_peaks_mb" in goal:
-        return ", ".join(f"{rank} {fmt(mb)} MB" for rank, mb in sorted(goal["rank_peaks_mb"].items()))
+    if "rank_peaks_mib" in goal:
+        return ", ".join(f"{rank} {fmt(mib)} MiB" for rank, mib in sorted(goal["rank_peaks_mib"].items()))
     return ""
 
 
@@ -619,7 +621,7 @@ def measure_distributed(largest: dict, work: Path, args: argparse.Namespace) -> 
         print(failure, file=sys.stderr)
         return {"size_gb": largest["size_gb"], "processes": args.distributed_processes, "error": str(failure),
                 "log": failure.log,
-                "process_peaks_by_role_mb": failure.process_peaks.get("distill_pretrain_main", {})}
+                "process_peaks_by_role_mib": failure.process_peaks.get("distill_pretrain_main", {})}
     print(f"distributed distill_pretrain done in {run['seconds']} s ({run['log']})", flush=True)
     return {"size_gb": largest["size_gb"], **collect_distributed(output_root, run["process_peaks"]),
             "snakemake": {key: run[key] for key in ("command", "config_file", "log", "seconds")}}

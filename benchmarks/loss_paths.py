@@ -140,7 +140,7 @@ def throughput_part(args, workloads: dict, peak: float | None) -> dict:
             order.append({"round": round_number, "path": name})
             print(f"throughput round {round_number} {name}: {record['tokens_per_second']:,.0f} tokens/s", flush=True)
     summary = {name: {key: spread([r[key] for r in records])
-                      for key in ("tokens_per_second", "seconds_per_step", "mfu", "peak_memory_mb")}
+                      for key in ("tokens_per_second", "seconds_per_step", "mfu", "peak_memory_mib")}
                for name, records in rounds.items()}
     speedup = (summary["fused"]["tokens_per_second"]["mean"]
                / summary["unpadded_eager"]["tokens_per_second"]["mean"])

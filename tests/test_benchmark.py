@@ -34,13 +34,13 @@ def item(path, fmt="onnx", max_positions=128):
 
 def test_each_artifact_is_timed_in_its_own_process_with_its_peak_memory(tiny_int8):
     cfg = BenchmarkConfig(sequence_lengths=[32, 256], threads=[1, 2], runs=2, warmup=1)
-    latency, peak_rss_mb = benchmark.measure(item(tiny_int8 / "int8.onnx"), cfg)
+    latency, peak_rss_mib = benchmark.measure(item(tiny_int8 / "int8.onnx"), cfg)
     assert latency["seq256"] is None  # longer than the model's 128 positions
     assert set(latency["seq32"]) == {"threads1", "threads2"}
     assert 0 < latency["seq32"]["threads1"]["p50"] <= latency["seq32"]["threads1"]["p90"]
-    assert peak_rss_mb > 20  # a Python process with onnxruntime loaded
+    assert peak_rss_mib > 20  # a Python process with onnxruntime loaded
     torch_latency, torch_rss = benchmark.measure(item(tiny_int8 / "pytorch" / "model.safetensors", "pytorch"), cfg)
-    assert torch_latency["seq32"]["threads2"]["p50"] > 0 and torch_rss > peak_rss_mb
+    assert torch_latency["seq32"]["threads2"]["p50"] > 0 and torch_rss > peak_rss_mib
 
 
 def test_the_profile_attributes_kernel_time_to_operator_types(tiny_int8, tmp_path):
@@ -87,7 +87,7 @@ def test_the_report_shows_chromium_entries_at_each_thread_count_in_the_summary_s
     chromium = {"name": "student/onnx-web-chromium-int8-optimized", "model": "student", "format": "onnx-web-chromium",
                 "precision": "int8-optimized", "path": "bundle/model.int8.onnx", "size_mb": 0.456, "recipe": "int8",
                 "runtime": "onnxruntime-web 1.30.0 (WebAssembly, in Chromium 156.0, cross-origin isolated)",
-                "timed": True, "untimed_reason": None, "runs": 20, "peak_rss_mb": 279.0,
+                "timed": True, "untimed_reason": None, "runs": 20, "peak_rss_mib": 279.0,
                 "latency_ms": {"seq128": {"threads1": {"p50": 10.8, "p90": 20.8}, "threads2": {"p50": 7.5, "p90": 9.1}},
                                "seq384": None}}
     skipped = {"what": "Chromium timings (onnxruntime-web in a page)", "reason": "no Chromium at /nowhere"}

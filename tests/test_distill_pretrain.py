@@ -207,7 +207,7 @@ def test_distill_pretrain_reports_student_and_teacher_accuracy(artifacts, tmp_pa
         assert ratio is None
     assert metrics["n_heldout_masked_tokens"] > 0
     assert {"ce", "mlm", "cos", "loss"} <= metrics["final_loss_terms"].keys()
-    assert metrics["peak_memory_mb"] > 0 and metrics["first_step_seconds"] > 0
+    assert metrics["peak_memory_mib"] > 0 and metrics["first_step_seconds"] > 0
     assert DistilBertForMaskedLM.from_pretrained(tmp_path / "out").config.n_layers == 2
 
 

@@ -265,7 +265,7 @@ TINY = ["--device", "cpu", "--workers", "0", "--teacher-layers", "2", "--student
 # The fields the committed CPU result (benchmarks/results/distill_throughput_cpu.json) has always had.
 KEPT_FIELDS = {"benchmark", "device", "cpu", "platform", "threads", "loader_workers", "torch", "bf16", "torch_compile",
                "seq_len", "max_tokens_per_batch", "corpus", "steps_timed", "seconds_per_step", "tokens_per_second",
-               "step_breakdown_seconds", "peak_memory_mb", "teacher_parameters", "student_parameters",
+               "step_breakdown_seconds", "peak_memory_mib", "teacher_parameters", "student_parameters",
                "last_loss_terms", "reference"}
 NEW_FIELDS = {"command", "cores", "host_load_average_1min", "gpu", "precision", "tf32_matmul", "packed_tokens_multiple_of",
               "chunked_loss_rows", "loss_path", "model_shapes",

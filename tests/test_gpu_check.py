@@ -61,7 +61,7 @@ def test_the_paths_step_measures_both_paths_profiles_and_convergence(dry_run):
     assert [entry["path"] for entry in throughput["order"]] == ["unpadded_eager", "fused"]  # one round, interleaved
     for name in ("unpadded_eager", "fused"):
         assert throughput["rounds"][name][0]["tokens_per_second"] > 0
-        assert throughput["rounds"][name][0]["peak_memory_mb"] > 0
+        assert throughput["rounds"][name][0]["peak_memory_mib"] > 0
         profile = record["parts"]["profile"][name]
         assert profile["loss_ranges_seen"] == 1 and 0 < profile["loss_share_of_wall"] < 1
         assert profile["seconds_by_class"]["gemm"] > 0

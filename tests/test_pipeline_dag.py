@@ -37,7 +37,7 @@ def test_every_stage_wrote_its_outputs_and_metrics(dag_outputs):
     assert teacher["n_examples"] == data["n_dev_examples"] and 0.0 <= teacher["f1"] <= 100.0
     assert (dag_outputs / "teacher" / "model.safetensors").is_file()
     distilled = read_metrics(dag_outputs / "distill_pretrain" / "main")
-    assert {"student_mlm_accuracy", "teacher_mlm_accuracy", "peak_memory_mb", "tokens_per_second"} <= distilled.keys()
+    assert {"student_mlm_accuracy", "teacher_mlm_accuracy", "peak_memory_mib", "tokens_per_second"} <= distilled.keys()
     assert not (dag_outputs / "distill_pretrain" / "random_init_ablation").exists()  # evidence: target study
     for stage in ("distill_squad", "student_finetune"):
         assert {"exact_match", "f1", "train_seconds", "tokens_per_second"} <= read_metrics(dag_outputs / stage).keys()
@@ -138,7 +138,7 @@ def test_the_report_summary_follows_its_schema_and_every_timed_artifact_has_numb
             assert artifact["f1_source"] == "pytorch-proxy"
         else:
             cell = artifact["latency_ms"]["seq64"]["threads2"]
-            assert 0 < cell["p50"] <= cell["p90"] and artifact["peak_rss_mb"] > 0
+            assert 0 < cell["p50"] <= cell["p90"] and artifact["peak_rss_mib"] > 0
     assert summary["models"]["student"]["params"] < summary["models"]["teacher"]["params"]
     for plot in ("f1_vs_size.png", "f1_vs_latency.png", "loss_curves.png"):
         assert (dag_outputs / "report" / plot).read_bytes()[:4] == b"\x89PNG"

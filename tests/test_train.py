@@ -189,13 +189,13 @@ def test_metrics_round_and_report_throughput_per_process_too():
     from pipeline.training.loop import TrainResult
 
     result = TrainResult(steps=10, micro_batches=20, train_seconds=12.34567, tokens_per_second=1001.26,
-                         final_terms={"loss": 0.1234567, "kd": 2.0}, peak_memory_mb=512.36, resumed_from_step=4,
+                         final_terms={"loss": 0.1234567, "kd": 2.0}, peak_memory_mib=512.36, resumed_from_step=4,
                          device="cpu", processes=2, effective_batch_size=32, mixed_precision="bf16",
                          first_step_seconds=3.14159)
     assert result.as_metrics() == {
         "steps": 10, "train_seconds": 12.346, "tokens_per_second": 1001.3, "tokens_per_second_per_process": 500.6,
         "processes": 2, "effective_batch_size": 32, "mixed_precision": "bf16",
-        "final_loss_terms": {"loss": 0.123457, "kd": 2.0}, "peak_memory_mb": 512.4, "resumed_from_step": 4,
+        "final_loss_terms": {"loss": 0.123457, "kd": 2.0}, "peak_memory_mib": 512.4, "resumed_from_step": 4,
         "device": "cpu", "first_step_seconds": 3.142,
     }
 
@@ -334,7 +334,7 @@ def test_the_newest_usable_checkpoint_is_chosen_and_unusable_newer_ones_removed(
 
 
 def test_cpu_runs_pick_the_cpu_without_autocast(monkeypatch):
-    from pipeline.training.run_settings import maybe_compile, mixed_precision, peak_memory_mb, resolve_device, use_bf16
+    from pipeline.training.run_settings import maybe_compile, mixed_precision, peak_memory_mib, resolve_device, use_bf16
 
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
     cpu = torch.device("cpu")
@@ -346,7 +346,7 @@ def test_cpu_runs_pick_the_cpu_without_autocast(monkeypatch):
     assert mixed_precision(TrainConfig(bf16=True), cpu) == "no" and not use_bf16(TrainConfig(bf16=True), cpu)
     module = torch.nn.Linear(2, 2)
     assert maybe_compile(module, TrainConfig(torch_compile=True), cpu) is module
-    assert peak_memory_mb(cpu) > 10  # this process's peak resident set, in MiB
+    assert peak_memory_mib(cpu) > 10  # this process's peak resident set, in MiB
 
 
 def test_the_launcher_environment_and_the_run_settings_are_applied(monkeypatch):
@@ -506,7 +506,7 @@ def test_logged_figures_are_the_interval_means_and_the_run_totals(tmp_path, capl
     assert result.final_terms == {"aux": 11.0, "loss": 5.5}
     assert (result.steps, result.micro_batches, result.effective_batch_size) == (3, 6, 8)
     assert (result.device, result.mixed_precision, result.processes) == ("cpu", "no", 1)
-    assert 0 < result.train_seconds < 60 and result.peak_memory_mb > 10
+    assert 0 < result.train_seconds < 60 and result.peak_memory_mib > 10
     tokens = 2 * sum(i % 3 + 1 for i in range(12))  # two epochs' worth of micro-batches, every example twice
     assert result.tokens_per_second * result.train_seconds == pytest.approx(tokens)
     assert "demo: 1 process(es) x 2 micro-batches per step, 3 steps; precision no on cpu; 0 loader worker(s)" in caplog.text

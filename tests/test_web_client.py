@@ -307,7 +307,7 @@ def test_benchmark_web_times_the_bundle_model_on_both_node_runtimes(tiny, tmp_pa
     for item in metrics["artifacts"]:
         assert item["name"] == f"student/{item['format']}-int8-optimized" and item["precision"] == "int8-optimized"
         assert item["recipe"] == recipe
-        assert item["size_mb"] > 0 and item["peak_rss_mb"] > 0
+        assert item["size_mb"] > 0 and item["peak_rss_mib"] > 0
         timing = item["latency_ms"]["seq32"]["threads1"]
         assert 0 < timing["p50"] <= timing["p90"]
         assert item["latency_ms"]["seq1024"] is None  # beyond the model's positions
@@ -329,7 +329,7 @@ def test_benchmark_web_times_the_bundle_model_in_chromium_at_one_and_two_threads
         timing = chromium["latency_ms"]["seq32"][threads]
         assert 0 < timing["p50"] <= timing["p90"]
     assert chromium["latency_ms"]["seq1024"] is None
-    assert chromium["peak_rss_mb"] > 0  # the page's renderer process
+    assert chromium["peak_rss_mib"] > 0  # the page's renderer process
     assert metrics["settings"]["threads"]["onnx-web-chromium"] == [1, 2]
 
 

@@ -374,7 +374,7 @@ def gpu_clocks_record(reader, gpu_static: dict | None, gpu_source: str) -> dict:
 def models_record(work: Workload, loops: dict, rounds: list) -> dict:
     """The models: peak memory, parameters, the last step's loss terms, and the reference run."""
     return {
-        "peak_memory_mb": max(r["peak_memory_mb"] for loop in loops.values() for r in loop["repeats"]),
+        "peak_memory_mib": max(r["peak_memory_mib"] for loop in loops.values() for r in loop["repeats"]),
         "teacher_parameters": work.teacher.num_parameters(),
         "student_parameters": work.student.num_parameters(),
         "last_loss_terms": [run for loop, _, run in rounds if loop == "benchmark_loop"][-1]["last_loss_terms"],

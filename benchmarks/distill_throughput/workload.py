@@ -25,7 +25,7 @@ from pipeline.plan.config import DistillPretrainConfig
 from pipeline.stages.distill_pretrain import distillation_terms
 from pipeline.training.batching import micro_batch_loader, to_device
 from pipeline.training.loop import build_optimizer, train
-from pipeline.training.run_settings import peak_memory_mb
+from pipeline.training.run_settings import peak_memory_mib
 
 PHASES = ("data_wait", "forward", "backward", "optimizer")
 SEED = 0
@@ -133,7 +133,7 @@ def benchmark_loop(work: Workload, warmup: int, steps: int, telemetry: GpuTeleme
         "step_breakdown_seconds": {name: round(value / steps, 6) for name, value in timer.seconds().items()},
         "host_breakdown_seconds": ({name: round(value / steps, 6) for name, value in timer.host.items()}
                                    if work.device.type == "cuda" else None),
-        "peak_memory_mb": round(peak_memory_mb(work.device), 1),
+        "peak_memory_mib": round(peak_memory_mib(work.device), 1),
         "last_loss_terms": {name: float(value.detach()) for name, value in terms.items()},
     }
 
@@ -195,7 +195,7 @@ def stage_train_loop(work: Workload, warmup: int, steps: int, grad_accum_steps: 
         "seconds": seconds,
         "counts": loss.counts,
         "gpu": telemetry.stop(),
-        "peak_memory_mb": round(result.peak_memory_mb, 1),
+        "peak_memory_mib": round(result.peak_memory_mib, 1),
         "train_result": {key: value for key, value in result.as_metrics().items()
                          if key in ("steps", "train_seconds", "tokens_per_second", "mixed_precision",
                                     "final_loss_terms")},
@@ -219,7 +219,7 @@ def repeat_record(run: dict, steps: int, position: int, repeat: int, peak: float
         "model_flops": dict(counts.flops),
         "achieved_tflops": round(achieved / 1e12, 6),
         "mfu": round(achieved / (peak * 1e12), 6) if peak else None,
-        "peak_memory_mb": run["peak_memory_mb"],
+        "peak_memory_mib": run["peak_memory_mib"],
         "gpu_telemetry": run["gpu"],
     }
     for key in ("step_breakdown_seconds", "host_breakdown_seconds", "train_result"):

@@ -17,7 +17,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from pipeline.data.corpus import read_ids
-from pipeline.outputs.machine import high_water_mark_mb, largest_child_peak_mb
+from pipeline.outputs.machine import high_water_mark_mib, largest_child_peak_mib
 from pipeline.plan.config import ConfigError, DataConfig
 from pipeline.plan.data_sources import looks_like_a_path
 
@@ -307,7 +307,7 @@ def tokenize_corpus(
         "tokenize_mb_per_second": round(text_bytes / 1e6 / max(tokenize_seconds, 1e-9), 3),
         "workers": workers,
         "n_pieces": len(pieces),
-        "peak_rss_mb": peak_rss_mb(),
+        "peak_rss_mib": peak_rss_mib(),
     }
 
 
@@ -326,9 +326,9 @@ def _count_prefix(piece_path: str, dtype: np.dtype, n_ids: int, vocab_size: int)
     return np.bincount(ids, minlength=vocab_size)[:vocab_size].astype(np.int64)
 
 
-def peak_rss_mb() -> dict:
-    """Peak resident memory of this process and of its largest child (the tokenizing workers), in MB."""
+def peak_rss_mib() -> dict:
+    """Peak resident memory of this process and of its largest child (the tokenizing workers), in MiB."""
     return {
-        "self": round(high_water_mark_mb() or 0.0, 1),
-        "largest_child": round(largest_child_peak_mb(), 1),
+        "self": round(high_water_mark_mib() or 0.0, 1),
+        "largest_child": round(largest_child_peak_mib(), 1),
     }

@@ -39,25 +39,25 @@ def stamp_machine(metrics_path: Path) -> None:
         atomic_write_json(metrics_path, metrics)
 
 
-def high_water_mark_mb(pid: int | str = "self") -> float | None:
-    """A process's resident-memory high-water mark in MB (the kernel's VmHWM, which only grows); without /proc
+def high_water_mark_mib(pid: int | str = "self") -> float | None:
+    """A process's resident-memory high-water mark in MiB (the kernel's VmHWM, which only grows); without /proc
     (macOS), this process's own peak from getrusage, None for another one. The one reader of peak memory, with
-    largest_child_peak_mb. VmHWM, not getrusage: rusage keeps the parent's peak from before exec, which would
+    largest_child_peak_mib. VmHWM, not getrusage: rusage keeps the parent's peak from before exec, which would
     charge a worker with its parent's memory."""
     status = Path(f"/proc/{pid}/status")
     if not status.is_file():
-        return _rusage_mb(resource.RUSAGE_SELF) if pid == "self" else None
+        return _rusage_mib(resource.RUSAGE_SELF) if pid == "self" else None
     for line in status.read_text().splitlines():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024  # kB
     return None
 
 
-def largest_child_peak_mb() -> float:
-    """The largest resident-memory peak among this process's finished children (workers that have exited), in MB."""
-    return _rusage_mb(resource.RUSAGE_CHILDREN)
+def largest_child_peak_mib() -> float:
+    """The largest resident-memory peak among this process's finished children (workers that have exited), in MiB."""
+    return _rusage_mib(resource.RUSAGE_CHILDREN)
 
 
-def _rusage_mb(who: int) -> float:
+def _rusage_mib(who: int) -> float:
     peak = resource.getrusage(who).ru_maxrss
     return peak / 2**20 if sys.platform == "darwin" else peak / 1024  # bytes on macOS, KiB on Linux

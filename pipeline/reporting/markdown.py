@@ -113,12 +113,12 @@ def timed_threads(items: list[dict], cfg: PipelineConfig) -> list[int]:
 def artifact_table(items: list[dict], cfg: PipelineConfig) -> str:
     lengths, threads = cfg.benchmark.sequence_lengths, timed_threads(items, cfg)
     columns = [f"seq {n}, {t} thr p50 / p90 ms" for n in lengths for t in threads]
-    lines = ["| artifact | MB | EM | F1 | F1 from | " + " | ".join(columns) + " | peak RSS MB |",
+    lines = ["| artifact | MB | EM | F1 | F1 from | " + " | ".join(columns) + " | peak RSS MiB |",
              "|---|---|---|---|---|" + "---|" * len(columns) + "---|"]
     for item in items:
         cells = [latency_text(item, n, t) for n in lengths for t in threads]
         lines.append(f"| {item['name']} | {fmt(item['size_mb'], 3)} | {fmt(item['exact_match'])} | {fmt(item['f1'])} | "
-                     f"{item['f1_source'] or '—'} | " + " | ".join(cells) + f" | {fmt(item['peak_rss_mb'], 0)} |")
+                     f"{item['f1_source'] or '—'} | " + " | ".join(cells) + f" | {fmt(item['peak_rss_mib'], 0)} |")
     return "\n".join(lines)
 
 
@@ -299,9 +299,9 @@ def report_markdown(cfg: PipelineConfig, summary_data: dict, benchmark: dict, go
         "Versions: " + ", ".join(f"{k} {v}" for k, v in machine["versions"].items()) + ".",
         f"Latency: batch 1, every token attended, p50 / p90 over {cfg.benchmark.runs} timed runs after "
         f"{cfg.benchmark.warmup} warm-up runs, threads pinned in onnxruntime and torch; one process per artifact (its "
-        "peak resident memory is the last column). Sizes in MB = 10^6 bytes. 'n/a': the model has fewer positions than "
-        "the length, or it cannot be timed here (CoreML runs only on macOS; some full-size artifacts are sized only, "
-        "see benchmark.timed_full_size).",
+        "peak resident memory is the last column, in MiB = 2^20 bytes). Sizes in MB = 10^6 bytes. 'n/a': the model "
+        "has fewer positions than the length, or it cannot be timed here (CoreML runs only on macOS; some full-size "
+        "artifacts are sized only, see benchmark.timed_full_size).",
         *javascript_note(summary_data, cfg),
         *skipped_note(summary_data["skipped_timings"]),
         "",

@@ -94,7 +94,8 @@ def read_runs(results_dir: Path = RESULTS_DIR) -> list[dict]:
 
 
 
-def artifact(summary: dict, name: str) -> dict:
+def find_artifact(summary: dict, name: str) -> dict:
+    """The summary's entry (trained or full-size) with this name; {} when the run has none."""
     return next((item for item in summary["artifacts"] + summary["full_size"] if item["name"] == name), {})
 
 
@@ -151,7 +152,8 @@ def runs_table(runs: list[dict]) -> str:
     for name, label in (("distilbert/onnx-int8-optimized", "full-size DistilBERT int8 (searched), seq 384, 1 thread, ms"),
                         ("distilbert/pytorch-fp32", "full-size DistilBERT PyTorch fp32, seq 384, 1 thread, ms"),
                         ("bert-base/pytorch-fp32", "full-size BERT-base PyTorch fp32, seq 384, 1 thread, ms")):
-        row(label, [number(p50(artifact(run["summary"], name), 384), 1) if run["summary"] else "n/a" for run in runs])
+        row(label, [number(p50(find_artifact(run["summary"], name), 384), 1) if run["summary"] else "n/a"
+                    for run in runs])
 
     def floor_ratios(run: dict) -> tuple[float | None, float | None]:
         """The searched onnxruntime graph's p50 over the GEMM floor (from its own process), and the NNCF OpenVINO
@@ -177,9 +179,10 @@ def headline(run: dict) -> str:
     """README.md: the headline table of one reference run."""
     summary, stages = run["summary"], run["stages"]
     teacher, student, ce_only = stages["teacher_finetune"], stages["distill_squad"], stages["student_finetune"]
-    int8 = artifact(summary, "distilbert/onnx-int8-optimized")
-    coreml = artifact(summary, "distilbert/coreml-4bit")
-    bert_ms, distil_ms = p50(artifact(summary, "bert-base/pytorch-fp32"), 384), p50(artifact(summary, "distilbert/pytorch-fp32"), 384)
+    int8 = find_artifact(summary, "distilbert/onnx-int8-optimized")
+    coreml = find_artifact(summary, "distilbert/coreml-4bit")
+    bert_ms = p50(find_artifact(summary, "bert-base/pytorch-fp32"), 384)
+    distil_ms = p50(find_artifact(summary, "distilbert/pytorch-fp32"), 384)
     lines = [
         f"The default run on 2 cores of an {cpu_label(run)} CPU, SIMD: {simd_label(run)}, no GPU (`results/{run['name']}/`); "
         "latency is p50, batch 1, sequence length 384, 1 thread; full-size models have random weights (sizes and "
@@ -238,15 +241,15 @@ def artifacts_table(run: dict) -> str:
     lines = [f"`results/{run['name']}/summary.json`, {cpu_label(run)}, SIMD: {simd_label(run)}. p50 ms at 1 / 2 "
              "threads (JavaScript in Node: 1 thread; in Chromium: its WebAssembly threads); n/a: beyond the model's "
              "positions, or not runnable here (CoreML needs macOS).", "",
-             "| artifact | MB | dev F1 | seq 128 | seq 384 | peak RSS MB |", "|---|---|---|---|---|---|"]
+             "| artifact | MB | dev F1 | seq 128 | seq 384 | peak RSS MiB |", "|---|---|---|---|---|---|"]
     for name in SHOWN_ARTIFACTS:
-        item = artifact(summary, name)
+        item = find_artifact(summary, name)
         if not item:
             continue
         label = name + (f" ({item['recipe']})" if item.get("recipe") else "")
         label += f", {item['runtime']}" if item.get("runtime") else ""
         lines.append(f"| {label} | {item['size_mb']:.3g} | {number(item.get('f1'))} | "
-                     + " | ".join(latency_cells(item)) + f" | {number(item.get('peak_rss_mb'), 0)} |")
+                     + " | ".join(latency_cells(item)) + f" | {number(item.get('peak_rss_mib'), 0)} |")
     skipped = summary.get("skipped_timings") or []
     if skipped:
         lines += ["", "Not timed in this run: " + "; ".join(f"{s['what']} ({s['reason']})" for s in skipped) + "."]

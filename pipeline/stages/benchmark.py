@@ -41,7 +41,7 @@ from pipeline.errors import PipelineError
 from pipeline.measurement.latency import (BLOCK_RUNS, SETTLE_S, fastest_first, onnx_session, ranked_profile, synthetic_feed,
                               time_calls, time_in_blocks, time_in_turn)
 from pipeline.outputs.artifacts import atomic_write_json, directory_size_bytes, megabytes, read_json
-from pipeline.outputs.machine import cpu_description, high_water_mark_mb
+from pipeline.outputs.machine import cpu_description, high_water_mark_mib
 from pipeline.outputs.manifests import atomic_output_dir
 from pipeline.plan.config import BenchmarkConfig, PipelineConfig
 from pipeline.plan.model_registry import bundled_model, exported_models
@@ -63,8 +63,9 @@ class BenchmarkInputError(PipelineError, ValueError):
 # ------------------------------------------------------------------------------------------------ inventory
 
 
-def artifact(name, model, fmt, precision, path, dev=None, f1_source=None, timed=True, untimed_reason=None,
-             max_positions=None, vocab_size=None) -> dict:
+def artifact_entry(name, model, fmt, precision, path, dev=None, f1_source=None, timed=True, untimed_reason=None,
+                   max_positions=None, vocab_size=None) -> dict:
+    """A new benchmark entry for the artifact at `path`: its size and dev scores, latency not yet measured."""
     dev = dev or {}
     return {
         "name": name, "model": model, "format": fmt, "precision": precision, "path": str(path),
@@ -86,36 +87,37 @@ def trained_artifacts(root: Path, cfg: PipelineConfig) -> list[dict]:
         max_positions, vocab_size = model_shape(root / stage / "config.json")
         shape = {"max_positions": max_positions, "vocab_size": vocab_size}
         metrics = read_json(root / stage / "metrics.json")
-        items.append(artifact(f"{model}/pytorch-fp32", model, "pytorch", "fp32", root / stage / "model.safetensors",
-                              metrics, "pytorch", **shape))
+        items.append(artifact_entry(f"{model}/pytorch-fp32", model, "pytorch", "fp32",
+                                    root / stage / "model.safetensors", metrics, "pytorch", **shape))
         export = read_json(root / "onnx" / model / "export.json")
-        items.append(artifact(f"{model}/onnx-fp32", model, "onnx", "fp32", root / "onnx" / model / "fp32" / "model.onnx",
-                              export["fp32"], "onnxruntime", **shape))
-        items.append(artifact(f"{model}/onnx-fp32-optimized", model, "onnx", "fp32-optimized",
-                              root / "onnx" / model / "optimized" / "model.onnx", export["optimized"], "onnxruntime",
-                              **shape))
+        items.append(artifact_entry(f"{model}/onnx-fp32", model, "onnx", "fp32",
+                                    root / "onnx" / model / "fp32" / "model.onnx", export["fp32"], "onnxruntime",
+                                    **shape))
+        items.append(artifact_entry(f"{model}/onnx-fp32-optimized", model, "onnx", "fp32-optimized",
+                                    root / "onnx" / model / "optimized" / "model.onnx", export["optimized"],
+                                    "onnxruntime", **shape))
         quantized = read_json(root / "quantized" / model / "quantize.json")
         for variant, report in quantized["variants"].items():
             if report.get("runtime") == "openvino":  # the x86 target, answered and timed by its own runtime
-                item = artifact(f"{model}/{variant}", model, "openvino", "int8-nncf",
-                                root / "quantized" / model / report["path"], report, "openvino", **shape)
+                item = artifact_entry(f"{model}/{variant}", model, "openvino", "int8-nncf",
+                                      root / "quantized" / model / report["path"], report, "openvino", **shape)
                 item.update(size_mb=report["size_mb"], openvino_precision="default",
                             runtime_precision=report["runtime_precision"])
                 items.append(item)
                 continue
-            items.append(artifact(f"{model}/onnx-{variant}", model, "onnx", variant,
-                                  root / "quantized" / model / report["path"], report, "onnxruntime", **shape))
+            items.append(artifact_entry(f"{model}/onnx-{variant}", model, "onnx", variant,
+                                        root / "quantized" / model / report["path"], report, "onnxruntime", **shape))
         coreml = read_json(root / "coreml" / model / "coreml.json")
         for variant, package in coreml["packages"].items():
-            items.append(artifact(f"{model}/coreml-{variant}", model, "coreml", variant,
-                                  root / "coreml" / model / package["path"], package.get("dev"), "pytorch-proxy",
-                                  timed=False, untimed_reason=COREML_UNTIMED, **shape))
+            items.append(artifact_entry(f"{model}/coreml-{variant}", model, "coreml", variant,
+                                        root / "coreml" / model / package["path"], package.get("dev"), "pytorch-proxy",
+                                        timed=False, untimed_reason=COREML_UNTIMED, **shape))
     bundle = read_json(root / "bundle" / "metrics.json")
     bundled = bundled_model(cfg)
     max_positions, vocab_size = model_shape(root / exported_models(cfg)[bundled] / "config.json")
-    items.append(artifact(f"{bundled}/ort-int8", bundled, "ort", bundle["onnx_variant"],
-                          root / "bundle" / "model.int8.ort", bundle, "onnxruntime", max_positions=max_positions,
-                          vocab_size=vocab_size))
+    items.append(artifact_entry(f"{bundled}/ort-int8", bundled, "ort", bundle["onnx_variant"],
+                                root / "bundle" / "model.int8.ort", bundle, "onnxruntime", max_positions=max_positions,
+                                vocab_size=vocab_size))
     return items
 
 
@@ -130,20 +132,20 @@ def full_size_artifacts(root: Path, architectures: list[str], timed: list[str]) 
         max_positions, vocab_size = model_shape(folder / "pytorch" / "config.json")
         shape = {"max_positions": max_positions, "vocab_size": vocab_size}
         name = f"{architecture}/pytorch-fp32"
-        items.append(artifact(name, architecture, "pytorch", "fp32", folder / "pytorch" / "model.safetensors",
-                              timed=name in timed, untimed_reason=None if name in timed else NOT_TIMED_FULL_SIZE,
-                              **shape))
+        items.append(artifact_entry(name, architecture, "pytorch", "fp32", folder / "pytorch" / "model.safetensors",
+                                    timed=name in timed, untimed_reason=None if name in timed else NOT_TIMED_FULL_SIZE,
+                                    **shape))
         for variant in report["onnx_size_mb"]:
             if variant.startswith("int8-"):
                 continue  # the search variants: int8_search below times them, and adds the winner
             precision = "fp32-optimized" if variant == "optimized" else variant
             name = f"{architecture}/onnx-{'fp32-optimized' if variant == 'optimized' else variant}"
-            items.append(artifact(name, architecture, "onnx", precision, folder / "onnx" / variant / "model.onnx",
-                                  timed=name in timed, untimed_reason=None if name in timed else NOT_TIMED_FULL_SIZE,
-                                  **shape))
+            items.append(artifact_entry(name, architecture, "onnx", precision, folder / "onnx" / variant / "model.onnx",
+                                        timed=name in timed,
+                                        untimed_reason=None if name in timed else NOT_TIMED_FULL_SIZE, **shape))
         for variant, package in report["coreml"].items():
-            items.append(artifact(f"{architecture}/coreml-{variant}", architecture, "coreml", variant,
-                                  folder / package["path"], timed=False, untimed_reason=COREML_UNTIMED, **shape))
+            items.append(artifact_entry(f"{architecture}/coreml-{variant}", architecture, "coreml", variant,
+                                        folder / package["path"], timed=False, untimed_reason=COREML_UNTIMED, **shape))
     return items
 
 
@@ -292,12 +294,12 @@ def in_worker(item: dict, cfg: BenchmarkConfig, task: str = "latency") -> dict:
 
 
 def measure(item: dict, cfg: BenchmarkConfig) -> tuple[dict, float | None]:
-    """Run the timing in a fresh process; returns its latencies and its peak resident memory in MB, and sets an
+    """Run the timing in a fresh process; returns its latencies and its peak resident memory in MiB, and sets an
     OpenVINO item's runtime_precision (what its hint resolved to)."""
     result = in_worker(item, cfg)
     if "runtime_precision" in result:
         item["runtime_precision"] = result["runtime_precision"]
-    return result["latency_ms"], result["peak_rss_mb"]
+    return result["latency_ms"], result["peak_rss_mib"]
 
 
 def time_gemm_floor(path: Path, cfg: BenchmarkConfig) -> dict:
@@ -348,9 +350,9 @@ def optimized_int8_artifacts(root: Path, cfg: PipelineConfig, search: dict) -> l
         max_positions, vocab_size = model_shape(folder / "pytorch" / "config.json")
         name = f"{architecture}/onnx-int8-optimized"
         timed_here = name in cfg.benchmark.timed_full_size
-        item = artifact(name, architecture, "onnx", "int8-optimized", path, timed=timed_here,
-                        untimed_reason=None if timed_here else NOT_TIMED_FULL_SIZE, max_positions=max_positions,
-                        vocab_size=vocab_size)
+        item = artifact_entry(name, architecture, "onnx", "int8-optimized", path, timed=timed_here,
+                              untimed_reason=None if timed_here else NOT_TIMED_FULL_SIZE, max_positions=max_positions,
+                              vocab_size=vocab_size)
         item["recipe"] = recipe_name
         item["session_options"] = search["choice"]["session_options"]
         items.append(item)
@@ -394,8 +396,8 @@ def peer_artifacts(root: Path, cfg: PipelineConfig,
                     continue
                 path = folder / "onnx" / graph / "model.onnx"
                 for precision in peers.OPENVINO_PRECISIONS:
-                    item = artifact(f"{name}-{precision}", architecture, "openvino", f"int8-static-{precision}", path,
-                                    **shape)
+                    item = artifact_entry(f"{name}-{precision}", architecture, "openvino", f"int8-static-{precision}",
+                                          path, **shape)
                     item.update(peer_of=ours, openvino_precision=precision, recipe=graph,
                                 tool=peers.openvino_tool(peer, precision, graph))
                     items.append(item)
@@ -405,8 +407,8 @@ def peer_artifacts(root: Path, cfg: PipelineConfig,
                                           "not built (rule export_peers)")
             recorded = built["peers"][peer]
             if peer == peers.TORCH_PEER:
-                item = artifact(name, architecture, "pytorch", TORCH_DYNAMIC_INT8,
-                                folder / "pytorch" / "model.safetensors", **shape)
+                item = artifact_entry(name, architecture, "pytorch", TORCH_DYNAMIC_INT8,
+                                      folder / "pytorch" / "model.safetensors", **shape)
                 logger.info("timing %s on every quantized engine", name)
                 search = in_worker(item, bcfg, "torch-engine-search")
                 item.update(engine=search["choice"], engine_search=search, peer_of=ours,
@@ -415,14 +417,14 @@ def peer_artifacts(root: Path, cfg: PipelineConfig,
                 items.append(item)
             elif peer == peers.OPENVINO_PEER:
                 for precision in peers.OPENVINO_PRECISIONS:
-                    item = artifact(f"{name}-{precision}", architecture, "openvino", f"int8-nncf-{precision}",
-                                    root / "peers" / architecture / recorded["path"], **shape)
+                    item = artifact_entry(f"{name}-{precision}", architecture, "openvino", f"int8-nncf-{precision}",
+                                          root / "peers" / architecture / recorded["path"], **shape)
                     item.update(peer_of=ours, openvino_precision=precision, quantization=recorded["quantization"],
                                 size_mb=recorded["size_mb"], tool=peers.openvino_tool(peer, precision))
                     items.append(item)
             else:
-                item = artifact(name, architecture, "onnx", recorded["precision"],
-                                root / "peers" / architecture / recorded["path"], **shape)
+                item = artifact_entry(name, architecture, "onnx", recorded["precision"],
+                                      root / "peers" / architecture / recorded["path"], **shape)
                 item.update(peer_of=ours, quantization=recorded["quantization"], tool=recorded["tool"])
                 items.append(item)
     return items, skipped
@@ -451,18 +453,18 @@ def run(cfg: PipelineConfig, root: Path, out_dir: Path) -> dict:
     items += peer_items
     for item in items:
         if not item["timed"]:
-            item["latency_ms"], item["peak_rss_mb"] = None, None
+            item["latency_ms"], item["peak_rss_mib"] = None, None
             continue
         logger.info("timing %s", item["name"])
         try:
-            item["latency_ms"], item["peak_rss_mb"] = measure(item, bcfg)
+            item["latency_ms"], item["peak_rss_mib"] = measure(item, bcfg)
         except RuntimeError as error:
             if item["format"] != "openvino":
                 raise
             # OpenVINO's CPU plugin can refuse a model at a precision on some CPUs or SIMD settings: that entry is
             # left untimed, saying why, and the benchmark goes on
             logger.warning("not timed: %s: %s", item["name"], error)
-            item.update(timed=False, latency_ms=None, peak_rss_mb=None,
+            item.update(timed=False, latency_ms=None, peak_rss_mib=None,
                         untimed_reason=f"OpenVINO did not run it on this machine ({error})")
     by_name = {item["name"]: item for item in items}
     for peer in peer_items:
@@ -533,8 +535,8 @@ def worker_main(item_json: str, benchmark_json: str, task: str, out: Path) -> in
         atomic_write_json(out, interleaved_with_ours(item, item["ours"], cfg))
     else:
         latency = measure_in_this_process(item, cfg)
-        peak = high_water_mark_mb()
-        result = {"latency_ms": latency, "peak_rss_mb": None if peak is None else round(peak, 1)}
+        peak = high_water_mark_mib()
+        result = {"latency_ms": latency, "peak_rss_mib": None if peak is None else round(peak, 1)}
         if item["format"] == "openvino":  # what its precision hint resolved to on this CPU
             from pipeline.runtime.openvino_session import OpenVinoSession
 

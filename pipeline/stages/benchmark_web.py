@@ -172,14 +172,14 @@ def run(root: Path, out: Path, cfg: BenchmarkConfig | None = None, client_dir: P
             results = [time_in_javascript(node, model, backend, threads, runs, cfg, client_dir) for threads in thread_counts]
             versions[fmt], node_version = results[0]["runtime"], results[0]["node"]
             browser = results[0].get("browser") or browser
-            peaks = [result["peak_rss_mb"] for result in results if result["peak_rss_mb"] is not None]
+            peaks = [result["peak_rss_mib"] for result in results if result["peak_rss_mib"] is not None]
             artifacts.append({
                 "name": f"{model['model']}/{fmt}-{model['precision']}", "model": model["model"], "format": fmt,
                 "precision": model["precision"], "path": str(model["path"]),
                 "size_mb": megabytes(directory_size_bytes(model["path"])),
                 "recipe": model["recipe"], "runtime": results[0]["runtime"], "timed": True, "untimed_reason": None,
                 "max_positions": model["max_positions"], "vocab_size": model["vocab_size"], "runs": runs,
-                "latency_ms": merged_latency(results), "peak_rss_mb": max(peaks) if peaks else None,
+                "latency_ms": merged_latency(results), "peak_rss_mib": max(peaks) if peaks else None,
             })
     cpu = cpu_description()
     metrics = {

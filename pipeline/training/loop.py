@@ -48,7 +48,7 @@ from pipeline.training.batching import (
 )
 from pipeline.training.checkpoints import find_and_load_checkpoint, truncate_log_after, save_checkpoint
 from pipeline.training.processes import all_ranks_sum, all_ranks_sum_tensors, process_group_from_env, wrap_for_processes
-from pipeline.training.run_settings import mixed_precision, peak_memory_mb, seed_everything
+from pipeline.training.run_settings import mixed_precision, peak_memory_mib, seed_everything
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class TrainResult:
     train_seconds: float
     tokens_per_second: float
     final_terms: dict[str, float]
-    peak_memory_mb: float
+    peak_memory_mib: float
     resumed_from_step: int
     device: str
     processes: int = 1
@@ -80,7 +80,7 @@ class TrainResult:
             "effective_batch_size": self.effective_batch_size,
             "mixed_precision": self.mixed_precision,
             "final_loss_terms": {k: round(v, 6) for k, v in self.final_terms.items()},
-            "peak_memory_mb": round(self.peak_memory_mb, 1),
+            "peak_memory_mib": round(self.peak_memory_mib, 1),
             "resumed_from_step": self.resumed_from_step,
             "device": self.device,
             # From the process's start to the end of the first optimizer step: model and data loading included.
@@ -249,7 +249,7 @@ def train(
         train_seconds=train_seconds,
         tokens_per_second=total_tokens / max(train_seconds, 1e-9),
         final_terms=final_terms,
-        peak_memory_mb=peak_memory_mb(device),
+        peak_memory_mib=peak_memory_mib(device),
         resumed_from_step=start_step,
         device=str(device),
         processes=group.world_size,

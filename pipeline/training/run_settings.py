@@ -12,7 +12,7 @@ from datetime import timedelta
 import torch
 import torch.distributed
 
-from pipeline.outputs.machine import high_water_mark_mb
+from pipeline.outputs.machine import high_water_mark_mib
 from pipeline.plan.config import TrainConfig
 from pipeline.training.processes import die_with_the_launcher, process_group_from_env
 
@@ -74,11 +74,11 @@ def use_bf16(cfg: TrainConfig, device: torch.device) -> bool:
     return mixed_precision(cfg, device) == "bf16"
 
 
-def peak_memory_mb(device: torch.device) -> float:
-    """Peak memory of this run: allocated GPU memory on CUDA, the process's peak resident set on CPU."""
+def peak_memory_mib(device: torch.device) -> float:
+    """Peak memory of this run in MiB: allocated GPU memory on CUDA, the process's peak resident set on CPU."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
-    return high_water_mark_mb() or 0.0
+    return high_water_mark_mib() or 0.0
 
 
 def maybe_compile(module: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.nn.Module:

@@ -6,7 +6,7 @@
 // chromium: the page bench/ served on 127.0.0.1 by serve-demo.mjs, cross-origin isolated (unless --no-isolation)
 // so that WebAssembly threads run; a page that runs fewer threads than asked is an error, never a figure. Lengths beyond
 // --max-positions get null (the model has no positions for them). The output holds {backend, runtime, node,
-// threads, latency_ms: {seqL: {threadsT: {p50, p90}} | null}, peak_rss_mb} (chromium: the renderer's peak, and
+// threads, latency_ms: {seqL: {threadsT: {p50, p90}} | null}, peak_rss_mib} (chromium: the renderer's peak, and
 // browser, the Chromium version). runtime names the runtime; the thread count is in the latency keys.
 import { mkdtempSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { readFile } from "node:fs/promises";
@@ -27,12 +27,12 @@ async function timeInNode(settings) {
     : `onnxruntime-node ${ort.env.versions.node} (native CPU)`;
   return {
     runtime, latency_ms: latency,
-    peak_rss_mb: Math.round(process.resourceUsage().maxRSS / 102.4) / 10, // maxRSS is in kB
+    peak_rss_mib: Math.round(process.resourceUsage().maxRSS / 102.4) / 10, // maxRSS is in KiB
   };
 }
 
 async function timeInChromium(settings) {
-  const { launchChromium, rendererPeakRssMb, TIMEOUT_MS } = await import("./chromium.mjs"); // puppeteer only here
+  const { launchChromium, rendererPeakRssMib, TIMEOUT_MS } = await import("./chromium.mjs"); // puppeteer only here
   const scratch = mkdtempSync(join(tmpdir(), "qa-bench-"));
   const server = await serve({ "/model/": dirname(settings.model) }, 0, { isolation: settings.isolation });
   let browser;
@@ -55,7 +55,7 @@ async function timeInChromium(settings) {
     const isolation = result.cross_origin_isolated ? "cross-origin isolated" : "not cross-origin isolated";
     return {
       runtime: `onnxruntime-web ${result.version} (WebAssembly, in Chromium ${version}, ${isolation})`,
-      browser: `Chromium ${version}`, latency_ms: result.latency_ms, peak_rss_mb: await rendererPeakRssMb(browser),
+      browser: `Chromium ${version}`, latency_ms: result.latency_ms, peak_rss_mib: await rendererPeakRssMib(browser),
     };
   } finally {
     if (browser) await browser.close();

@@ -29,10 +29,10 @@ export function pageIsolation(page) {
 }
 
 /**
- * Peak resident memory in MB of the renderer processes (where a page's WebAssembly memory lives), from
+ * Peak resident memory in MiB of the renderer processes (where a page's WebAssembly memory lives), from
  * /proc/PID/status VmHWM; null where the process list or /proc cannot be read (not Linux).
  */
-export async function rendererPeakRssMb(browser) {
+export async function rendererPeakRssMib(browser) {
   try {
     const cdp = await browser.target().createCDPSession();
     const { processInfo } = await cdp.send("SystemInfo.getProcessInfo");

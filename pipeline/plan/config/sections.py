@@ -644,6 +644,7 @@ class ComputeConfig:
     mixed_precision: Literal["no", "bf16", "fp16"] = option(
         "bf16", "Autocast precision of training on CUDA (fp16 adds loss scaling); CPU training is always fp32."
     )
+    # The *_mem_mb options feed Snakemake's `mem_mb` resource and keep its convention (name and unit, MB).
     training_mem_mb: int = option(8000, "Memory a training rule requests.", minimum=100)
     light_mem_mb: int = option(2000, "Memory the small rules request (bundle, report, web benchmark).", minimum=100)
     data_mem_mb: int = option(
