@@ -45,40 +45,34 @@ def squad2_dev_sample() -> Path:
 
 
 @pytest.fixture(scope="session")
-def exported_student(tmp_path_factory, worker_id) -> dict:
-    """The tiny student exported, quantized, converted to CoreML and bundled once for the whole run (read only):
-    tests/test_export.py and tests/test_web_client.py both check these files. Under pytest-xdist the first worker
-    that asks builds it and the others wait for it and read it (pytest-xdist's documented once-per-session pattern:
-    a file lock in the run's shared temporary folder)."""
-    from filelock import FileLock
+def exported_student(tmp_path_factory) -> dict:
+    """The tiny student exported, quantized, converted to CoreML and bundled once for the whole session (read only):
+    tests/test_export.py, tests/test_web_client.py and the tuning tests check these files (one xdist group: below)."""
+    from tests.stage_fixtures import export_tiny_student
 
-    from tests.stage_fixtures import export_tiny_student, tiny_student_exports
-
-    if worker_id == "master":  # no xdist workers: an ordinary session fixture
-        return export_tiny_student(tmp_path_factory.mktemp("exported_student"))
-    root = tmp_path_factory.getbasetemp().parent / "exported_student"  # the same folder for every worker of this run
-    with FileLock(f"{root}.lock"):
-        if not (root / "built").is_file():
-            export_tiny_student(root)
-            (root / "built").touch()  # the last step: a worker that failed halfway leaves no complete-looking build
-    return tiny_student_exports(root)
+    return export_tiny_student(tmp_path_factory.mktemp("exported_student"))
 
 
-# The end-to-end builds: each is made once per run by the worker that runs its tests (below), and read only.
-END_TO_END_BUILDS = ("dag_run", "documented_offline_deploy", "distributed_runs")
+# The end-to-end builds: each is made once per run by the worker that runs its tests (below), and read only. The
+# last is benchmarks/gpu_check.sh's dry run (tests/test_gpu_check.py).
+END_TO_END_BUILDS = ("dag_run", "documented_offline_deploy", "distributed_runs", "gpu_check_dry_run")
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the marker is what it selects on
 def pytest_collection_modifyitems(items):
     """A test that reads an end-to-end build is marked `integration` (`pytest -m "not integration"` leaves them
-    out). Every test joins a pytest-xdist group (`--dist loadgroup`, pyproject.toml): the tests of a build run in one
-    worker, which makes it once, and every other test runs beside its module's, whose module-scoped fixtures are then
-    made once."""
+    out). Every test joins a pytest-xdist group (`--dist loadgroup`, pyproject.toml), which runs in one worker: the
+    tests of a build, which that worker makes once; the modules that read the exported tiny student, which one worker
+    builds while the other runs other tests; every other test beside its module's, whose module-scoped fixtures are
+    then made once."""
+    reading_the_student = {item.module.__name__ for item in items if "exported_student" in item.fixturenames}
     for item in items:
         build = next((name for name in END_TO_END_BUILDS if name in item.fixturenames), None)
         if build is not None:
             item.add_marker(pytest.mark.integration)
-        item.add_marker(pytest.mark.xdist_group(build or item.module.__name__))
+        module = item.module.__name__
+        group = build or ("exported_student" if module in reading_the_student else module)
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")

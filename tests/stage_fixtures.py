@@ -103,12 +103,6 @@ def export_tiny_student(root: Path) -> dict:
     quantize.run(cfg, root / "onnx_student", student, paths["data"], root / "quantized")
     export_coreml.run(cfg, student, paths["data"], root / "coreml")
     bundle.run(cfg, root / "quantized", root / "coreml", student, paths["data"], root / "bundle")
-    return tiny_student_exports(root)
-
-
-def tiny_student_exports(root: Path) -> dict:
-    """What export_tiny_student(root) built: its config, and where each of its files is."""
-    paths = tiny_artifact_paths(root)
-    return {"root": root, "cfg": tiny_config(export=EXPORT_RELAXED), "paths": paths, "data": paths["data"],
-            "student": root / "distilbert_qa", "onnx_student": root / "onnx_student", "quantized": root / "quantized",
-            "coreml": root / "coreml", "bundle": root / "bundle"}
+    return {"root": root, "cfg": cfg, "paths": paths, "data": paths["data"], "student": student,
+            "onnx_student": root / "onnx_student", "quantized": root / "quantized", "coreml": root / "coreml",
+            "bundle": root / "bundle"}

@@ -9,14 +9,13 @@ import sys
 
 import pytest
 
+from benchmarks import loss_paths
 from tests.conftest import PROJECT_ROOT
 
 
-from benchmarks import loss_paths
-
-
 @pytest.fixture(scope="module")
-def dry_run(tmp_path_factory):
+def gpu_check_dry_run(tmp_path_factory):
+    """The whole device script end to end (four benchmark processes one after another): an end-to-end build."""
     out = tmp_path_factory.mktemp("gpu_check") / "results"
     completed = subprocess.run(
         [str(PROJECT_ROOT / "benchmarks" / "gpu_check.sh"), "--dry-run", str(out)], cwd=PROJECT_ROOT,
@@ -28,8 +27,8 @@ def read(out, name):
     return json.loads((out / name).read_text())
 
 
-def test_every_step_runs_and_the_summary_lists_it(dry_run):
-    completed, out = dry_run
+def test_every_step_runs_and_the_summary_lists_it(gpu_check_dry_run):
+    completed, out = gpu_check_dry_run
     assert completed.returncode == 0, completed.stdout + completed.stderr
     summary = read(out, "summary.json")
     assert summary["dry_run"] is True and summary["passed"] is True
@@ -41,20 +40,20 @@ def test_every_step_runs_and_the_summary_lists_it(dry_run):
     assert versions["torch"] and versions["transformers"] and versions["gpu"] is None
 
 
-def test_the_gemm_step_times_every_vocabulary_gemm_in_its_layout(dry_run):
-    gemm = read(dry_run[1], "vocabulary_gemms.json")["parts"]["gemm"]
+def test_the_gemm_step_times_every_vocabulary_gemm_in_its_layout(gpu_check_dry_run):
+    gemm = read(gpu_check_dry_run[1], "vocabulary_gemms.json")["parts"]["gemm"]
     seen = {(entry["vocab"], entry["gemm"], entry["layout"]) for entry in gemm["gemms"]}
     assert seen == {(vocab, name, layout) for vocab in (30522, 30528)
                     for name, layout in (("logits", "nt"), ("input_gradient", "nn"), ("weight_gradient", "tn"))}
 
 
-def test_the_equivalence_step_checks_the_stage_against_the_reference(dry_run):
-    record = read(dry_run[1], "cuda_equivalence.json")
+def test_the_equivalence_step_checks_the_stage_against_the_reference(gpu_check_dry_run):
+    record = read(gpu_check_dry_run[1], "cuda_equivalence.json")
     assert record["passed"] is True and list(record["checks"]) == ["fp32", "bf16", "attention_dropout", "host_syncs"]
 
 
-def test_the_paths_step_measures_both_paths_profiles_and_convergence(dry_run):
-    record = read(dry_run[1], "loss_paths.json")
+def test_the_paths_step_measures_both_paths_profiles_and_convergence(gpu_check_dry_run):
+    record = read(gpu_check_dry_run[1], "loss_paths.json")
     assert record["complete"] is True and record["failed_parts"] == []
     assert record["paths"]["fused"]["vocab_multiple"] == 64 and record["paths"]["unpadded_eager"]["vocab_multiple"] == 1
     throughput = record["parts"]["throughput"]

@@ -1,7 +1,7 @@
 """How the package's modules import each other: the folders are the layers (docs/rules.md, "Architecture"), each
-imports only its own layer and those below it, never in a circle, no stage imports another, and the layers that must
-stay light stay so (the planning layer, which Snakemake imports while it plans the DAG, and the runtime an app or a
-server imports to answer questions)."""
+imports only its own layer and those below it, never in a circle (no stage imports another:
+tests/test_code_inputs.py), and the layers that must stay light stay so (the planning layer, which Snakemake
+imports while it plans the DAG, and the runtime an app or a server imports to answer questions)."""
 
 import re
 import subprocess
@@ -100,12 +100,6 @@ def test_every_module_is_in_a_layer_and_imports_only_its_layer_and_those_below()
         upward += [f"{module} -> {other}" for other in imports
                    if layer_of(other) is not None and layer_of(other) < layer_of(module)]
     assert upward == []
-
-
-def test_no_stage_imports_another_stage():
-    stages = modules_in("stages")
-    graph = module_graph()
-    assert [(stage, other) for stage in stages for other in graph[stage] if other in stages] == []
 
 
 def test_the_layer_check_sees_an_upward_import():

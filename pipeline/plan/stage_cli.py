@@ -17,6 +17,10 @@ flag's the module's FLAG_HELP (parameter name -> text).
 Planning reads the parameters from the stage's source with `ast`, as pipeline/plan/code_inputs.py reads imports, so
 Snakemake imports no torch to plan: a rule that passes a parameter its stage does not have, or leaves out a
 required one, stops planning with the stage and the parameter.
+
+Why not jsonargparse (which derives a parser from a signature and its docstring, litgpt's way): it reads the
+signature by importing the function, and importing a stage imports torch, so planning a DAG (every rule's command
+line) would import every stage; the argparse parser here is built from the same source text `ast` reads.
 """
 
 from __future__ import annotations

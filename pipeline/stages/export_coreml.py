@@ -28,7 +28,6 @@ from pipeline.export.gates import compressed_model_report, gate_questions
 from pipeline.outputs.artifacts import atomic_write_json, directory_size_bytes, megabytes
 from pipeline.outputs.manifests import atomic_output_dir, verify_input_dirs
 from pipeline.plan.config import PipelineConfig
-from pipeline.runtime import squad
 
 logger = logging.getLogger(__name__)
 

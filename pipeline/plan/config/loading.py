@@ -1,5 +1,10 @@
 """Loading a config: YAML or JSON -> the dataclasses of sections.py, every key checked against its annotation and
 constraints; an unknown key or a bad value fails naming the key.
+
+Why not pydantic: its models would replace this converter, but not the sections' documented dataclasses that
+every stage reads, replaces and hashes, nor the generated configs/schema.yaml (schema.py), which Snakemake's own
+validator reads; and pydantic is not a dependency this project declares. The converter
+is the one place that knows the annotations, and errors name the key as the config spells it.
 """
 
 from __future__ import annotations
