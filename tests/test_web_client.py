@@ -1,6 +1,6 @@
 """The JavaScript client (clients/web): the Python answerer's tokens, windows and answers, in Node and in Chromium.
 
-Skips with the reason where Node.js, the client's npm packages or Chromium are missing; `.ci/run` installs them.
+Skips with the reason where Node.js, the client's npm packages or Chromium are missing; setup.sh installs them.
 """
 
 import json
