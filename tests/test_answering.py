@@ -23,7 +23,7 @@ HARD_CONTEXTS = [
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("onnx_qa")
+    root = tmp_path_factory.mktemp("answering")
     cfg = tiny_config()
     prepare_data.run(cfg, root / "data")
     tokenizer.run(cfg, root / "data", root / "tokenizer")

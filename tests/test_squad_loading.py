@@ -1,4 +1,5 @@
-"""pipeline.data.squad_loading: SQuAD files load into the hub "squad" columns, and bad data fails with a message that points at it."""
+"""pipeline.data.squad_loading: SQuAD files load into the hub "squad" columns, and bad data fails with a message
+that points at it."""
 
 import json
 import logging
