@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tests.conftest import PROJECT_ROOT
 from tests.dry_run import dry_run
-from tests.processes import run, start
+from tests.processes import kill_with_descendants, run, start
 
 # The output root's name has spaces and both kinds of quotes: every path reaches the jobs' shells quoted, or the
 # DAG breaks.
@@ -65,13 +65,16 @@ def run_dag_killed_and_recovered(base: Path) -> DagRun:
     killed_run_log = base / "killed_run.log"
     with killed_run_log.open("w") as log:
         process = start(snakemake_command(workdir, config), stdout=log, stderr=subprocess.STDOUT)
-        checkpoints = root / "work" / "teacher_pretrain" / "checkpoints"
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and process.poll() is None and not list(checkpoints.glob("step-*")):
-            time.sleep(0.2)
-        assert process.poll() is None, "snakemake ended before it could be killed; raise PRETRAIN_STEPS"
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+        try:
+            checkpoints = root / "work" / "teacher_pretrain" / "checkpoints"
+            deadline = time.monotonic() + 600
+            while time.monotonic() < deadline and process.poll() is None and not list(checkpoints.glob("step-*")):
+                time.sleep(0.2)
+            assert process.poll() is None, "snakemake ended before it could be killed; raise PRETRAIN_STEPS"
+            os.killpg(process.pid, signal.SIGKILL)
+        finally:  # on an interruption too: the run is in a session of its own
+            kill_with_descendants(process.pid)
+            process.wait()
     pretrain_output_after_kill = (root / "teacher_pretrain").exists()
 
     locked = run(snakemake_command(workdir, config), timeout=900)

@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 
 from tests.conftest import PROJECT_ROOT
+from tests.processes import kill_with_descendants
 
 STEPS, LOG_EVERY = 60, 10
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -93,17 +94,22 @@ def run_distributed(base: Path) -> DistributedRuns:
     processes = {name: start_logged(commands[name], base / f"{name}.log") for name in ("two", "one")}
 
     # SIGKILL torchrun as soon as the first checkpoint exists; its ranks, each in a session of its own, die with it.
-    # The build runs at the lowest priority (tests/conftest.py), so the wait allows for a busy machine.
+    # The wait allows for a busy machine (the other tests run beside it).
     killed = start_logged(commands["killed"], base / "killed.log", start_new_session=True)
-    checkpoints = base / "killed" / "work" / "checkpoints"
-    deadline = time.monotonic() + 900
-    while time.monotonic() < deadline and killed.poll() is None and not list(checkpoints.glob("step-*")):
-        time.sleep(0.05)
-    alive = killed.poll() is None
-    ranks = psutil.Process(killed.pid).children(recursive=True) if alive else []
-    if alive:
-        os.killpg(killed.pid, signal.SIGKILL)
-    killed.wait()
+    try:
+        checkpoints = base / "killed" / "work" / "checkpoints"
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline and killed.poll() is None and not list(checkpoints.glob("step-*")):
+            time.sleep(0.05)
+        alive = killed.poll() is None
+        ranks = psutil.Process(killed.pid).children(recursive=True) if alive else []
+        if alive:
+            os.killpg(killed.pid, signal.SIGKILL)
+    except BaseException:  # interrupted: its own session would outlive the tests
+        kill_with_descendants(killed.pid)
+        raise
+    finally:
+        killed.wait()
     after_kill = sorted(checkpoints.glob("step-*"))
     _, outliving = psutil.wait_procs(ranks, timeout=10)  # every process below the launcher ends with it
     time.sleep(3)  # a surviving rank would checkpoint again by now

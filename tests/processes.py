@@ -15,11 +15,12 @@ def start(command: list[str] | str, **options) -> subprocess.Popen:
 
 
 def run(command: list[str] | str, timeout: float, **options) -> subprocess.CompletedProcess:
-    """subprocess.run(command, capture_output=True, text=True, timeout=timeout, **options), started by start()."""
+    """subprocess.run(command, capture_output=True, text=True, timeout=timeout, **options), started by start(); the
+    command and everything below it are killed when it runs past `timeout` or the tests are interrupted."""
     process = start(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **options)
     try:
         stdout, stderr = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
+    except BaseException:  # past its time, or the run interrupted: its own session would outlive the tests
         kill_with_descendants(process.pid)
         raise
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)

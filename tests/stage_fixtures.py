@@ -24,15 +24,10 @@ def tiny_config(**overrides) -> PipelineConfig:
     return load_config(PROJECT_ROOT / "configs" / "test.yaml", overrides=overrides)
 
 
-def tiny_artifact_paths(root: Path) -> dict[str, Path]:
-    """Where build_tiny_artifacts(root) writes each of its artifacts."""
-    return {name: root / name for name in ("data", "tokenizer", "corpus", "mlm_teacher", "qa_teacher", "student")}
-
-
 def build_tiny_artifacts(root: Path, cfg: PipelineConfig | None = None) -> dict[str, Path]:
     """data, tokenizer, the tokenized corpus, an (untrained) MLM teacher and QA teacher and an initialised student."""
     cfg = cfg or tiny_config()
-    paths = tiny_artifact_paths(root)
+    paths = {name: root / name for name in ("data", "tokenizer", "corpus", "mlm_teacher", "qa_teacher", "student")}
     prepare_data.run(cfg, paths["data"])
     tokenizer.run(cfg, paths["data"], paths["tokenizer"])
     from transformers import AutoTokenizer

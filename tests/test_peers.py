@@ -52,8 +52,8 @@ def built_peers(tiny_full_size, tmp_path_factory):
     """Stage export_peers' three peers of the stand-in, built once into an output root of their own (read only)."""
     root = output_root(tiny_full_size, tmp_path_factory.mktemp("built_peers"))
     cfg = tiny_config(**PEERS_CONFIG)
-    built = export_peers.run(cfg, root / "full_size" / "distilbert",
-                             f"{peers.TORCH_PEER},{peers.ORT_PEER},{peers.OPENVINO_PEER}", root / "peers" / "distilbert")
+    named = f"{peers.TORCH_PEER},{peers.ORT_PEER},{peers.OPENVINO_PEER}"
+    built = export_peers.run(cfg, root / "full_size" / "distilbert", named, root / "peers" / "distilbert")
     return root, cfg, built
 
 

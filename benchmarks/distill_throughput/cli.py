@@ -40,7 +40,8 @@ from pipeline.data.corpus import TokenizedCorpus
 from pipeline.data.masking import selection_weights_from_counts
 from pipeline.data.mlm_batches import MaskedBatchCollator, special_token_ids
 from pipeline.distillation.chunked_lm_loss import ChunkLayout
-from pipeline.distillation.students import freeze, init_student_from_teacher, student_config_from_teacher, teacher_layers_for_student
+from pipeline.distillation.students import (freeze, init_student_from_teacher, student_config_from_teacher,
+                                            teacher_layers_for_student)
 from pipeline.outputs.artifacts import atomic_write_json
 from pipeline.outputs.machine import cpu_description
 from pipeline.plan.config import DistillPretrainConfig, load_config
@@ -271,8 +272,8 @@ def machine_record(args: argparse.Namespace, argv: list[str] | None, device: tor
     return {
         "benchmark": f"distill_pretrain throughput and MFU through the corpus data path, {models_description(args)} "
                      "(random weights)",
-        "command": shlex.join([Path(sys.executable).name, *sys.argv] if argv is None else ["distill_throughput.py",
-                                                                                             *argv]),
+        "command": shlex.join([Path(sys.executable).name, "-m", "benchmarks.distill_throughput",
+                               *(sys.argv[1:] if argv is None else argv)]),
         "device": device_name or "cpu",
         "gpu": gpu_description(device),
         "cpu": cpu_description(),
