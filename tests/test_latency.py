@@ -2,7 +2,7 @@
 uses. Timings are never asserted on (speed goes in benchmarks); what is checked is who runs when, and the shapes."""
 
 from pipeline.measurement.latency import (compare_latency, fastest_first, ranked_profile, time_calls, time_in_blocks,
-                              time_in_turn)
+                                          time_in_turn)
 
 
 def test_callables_are_timed_in_turn_after_untimed_rounds():

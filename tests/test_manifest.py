@@ -7,8 +7,8 @@ import pytest
 
 import pipeline.outputs.manifests
 from pipeline.__main__ import main
-from pipeline.outputs.manifests import (ManifestError, atomic_output_dir, config_sha256,
-                                fingerprint, verify_input_dirs, verify_manifest)
+from pipeline.outputs.manifests import (ManifestError, atomic_output_dir, config_sha256, fingerprint, verify_input_dirs,
+                                        verify_manifest)
 from pipeline.plan.config import PipelineConfig
 from tests.conftest import PROJECT_ROOT
 

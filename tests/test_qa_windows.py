@@ -87,7 +87,8 @@ def test_window_logits_are_the_models_in_eval_mode_padded_with_a_losing_score(ex
     assert model.training  # the caller's mode is restored
     assert start.dtype == end.dtype == np.float32 and start.shape == end.shape == (len(windows), SQUAD.max_seq_length)
 
-    tensors = {name: torch.tensor(windows[name]) for name in qa_windows.MODEL_INPUT_NAMES if name in windows.column_names}
+    tensors = {name: torch.tensor(windows[name])
+               for name in qa_windows.MODEL_INPUT_NAMES if name in windows.column_names}
     model.eval()
     with torch.no_grad():
         full = model(**qa_windows.model_inputs(tensors, model))  # no trimming, no dropout
@@ -121,7 +122,8 @@ def test_evaluate_qa_scores_the_postprocessed_predictions(examples, seine_tokeni
             hit = (input_ids == seine).float() * 10
             return type("Output", (), {"start_logits": hit, "end_logits": hit})()
 
-    metrics, predictions = qa_windows.evaluate_qa(PointsAtSeine(), seine_tokenizer, examples, SQUAD, torch.device("cpu"))
+    metrics, predictions = qa_windows.evaluate_qa(PointsAtSeine(), seine_tokenizer, examples, SQUAD,
+                                                  torch.device("cpu"))
     assert set(predictions.values()) == {"Seine"}
     assert metrics["exact_match"] == metrics["f1"] == 33.333  # one question of three, rounded to 3 decimals
 
@@ -141,7 +143,8 @@ def test_evaluate_qa_applies_the_configured_n_best_size_and_answer_length(exampl
 
     def answers(**squad_options):
         cfg = SquadConfig(max_seq_length=64, doc_stride=16, eval_batch_size=3, **squad_options)
-        return set(qa_windows.evaluate_qa(FixedPointer(), seine_tokenizer, examples, cfg, torch.device("cpu"))[1].values())
+        _, predictions = qa_windows.evaluate_qa(FixedPointer(), seine_tokenizer, examples, cfg, torch.device("cpu"))
+        return set(predictions.values())
 
     long_answer = SEINE_CONTEXT[: SEINE_CONTEXT.index("France") + len("France")]
     assert answers(n_best_size=5, max_answer_length=30) == {long_answer}

@@ -62,7 +62,8 @@ def model_flops(teacher: EncoderShape, student: EncoderShape, sequence_lengths, 
     n_tokens = sum(int(length) for length in sequence_lengths)
     parts = {}
     for name, shape in (("teacher", teacher), ("student", student)):
-        parts[name] = {**encoder_forward_flops(shape, n_tokens, sequence_lengths), **head_forward_flops(shape, head_rows)}
+        parts[name] = {**encoder_forward_flops(shape, n_tokens, sequence_lengths),
+                       **head_forward_flops(shape, head_rows)}
     teacher_forward, student_forward = sum(parts["teacher"].values()), sum(parts["student"].values())
     return {
         "teacher_forward": teacher_forward,

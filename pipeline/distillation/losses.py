@@ -24,7 +24,8 @@ from torch import Tensor, nn
 from transformers.models.bert.modeling_bert import BertSelfAttention
 from transformers.models.distilbert.modeling_distilbert import MultiHeadSelfAttention
 
-from pipeline.distillation.chunked_lm_loss import ChunkLayout, LmHeadLossWeights, VocabProjection, chunked_lm_head_losses
+from pipeline.distillation.chunked_lm_loss import (ChunkLayout, LmHeadLossWeights, VocabProjection,
+                                                   chunked_lm_head_losses)
 from pipeline.distillation.students import teacher_layers_for_student
 
 # The weights of the DistilBERT pretraining objective, from the reference README command

@@ -128,7 +128,8 @@ def _attention_dropout(module: nn.Module, probability: float) -> float:
 
 
 def _packed_output(hidden: Tensor, states: list[Tensor] | None) -> BaseModelOutput:
-    # [1, T, H]: one packed row, so pipeline.data.mlm_batches.rows selects flat token indices as it does on a padded batch.
+    # [1, T, H]: one packed row, so pipeline.data.mlm_batches.rows selects flat token indices as it does on a padded
+    # batch.
     return BaseModelOutput(last_hidden_state=hidden.unsqueeze(0),
                            hidden_states=None if states is None else tuple(s.unsqueeze(0) for s in states))
 

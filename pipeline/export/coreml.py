@@ -214,7 +214,8 @@ def proxy_logits(wrapped: torch.nn.Module, features, cfg: PipelineConfig,
     return starts, ends
 
 
-def proxy_predictions(wrapped: torch.nn.Module, dev, features, cfg: PipelineConfig, half: bool = True) -> dict[str, str]:
+def proxy_predictions(wrapped: torch.nn.Module, dev, features, cfg: PipelineConfig,
+                      half: bool = True) -> dict[str, str]:
     """Dev answers of the PyTorch-side proxy (float16 like the package, unless half=False) on dev's windows
     `features` (qa_windows.validation_windows)."""
     starts, ends = proxy_logits(wrapped, features, cfg, half)

@@ -71,7 +71,8 @@ def torch_logits(model_dir: Path, windows: answering.Windows) -> tuple[np.ndarra
     with torch.no_grad():
         inputs = {"input_ids": torch.from_numpy(windows.input_ids),
                   "attention_mask": torch.from_numpy(windows.attention_mask)}
-        output = model(**qa_windows.model_inputs(inputs | {"token_type_ids": torch.from_numpy(windows.token_type_ids)}, model))
+        with_token_types = inputs | {"token_type_ids": torch.from_numpy(windows.token_type_ids)}
+        output = model(**qa_windows.model_inputs(with_token_types, model))
     return output.start_logits.numpy(), output.end_logits.numpy()
 
 

@@ -38,8 +38,8 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.errors import PipelineError
-from pipeline.measurement.latency import (BLOCK_RUNS, SETTLE_S, fastest_first, onnx_session, ranked_profile, synthetic_feed,
-                              time_calls, time_in_blocks, time_in_turn)
+from pipeline.measurement.latency import (BLOCK_RUNS, SETTLE_S, fastest_first, onnx_session, ranked_profile,
+                                          synthetic_feed, time_calls, time_in_blocks, time_in_turn)
 from pipeline.outputs.artifacts import atomic_write_json, directory_size_bytes, megabytes, read_json
 from pipeline.outputs.machine import cpu_description, high_water_mark_mib
 from pipeline.outputs.manifests import atomic_output_dir

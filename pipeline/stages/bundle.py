@@ -31,8 +31,8 @@ from pipeline.export.model_card import bundle_card, write_model_card
 from pipeline.export.openvino_target import OPENVINO_FILE, OPENVINO_VARIANT
 from pipeline.export.openvino_target import predict as openvino_predict
 from pipeline.outputs.artifacts import atomic_write_json, directory_size_bytes, megabytes, read_json
-from pipeline.outputs.manifests import (atomic_output_dir, config_sha256, files_manifest,
-                                library_versions, verify_input_dirs, verify_manifest)
+from pipeline.outputs.manifests import (atomic_output_dir, config_sha256, files_manifest, library_versions,
+                                        verify_input_dirs, verify_manifest)
 from pipeline.plan.config import PipelineConfig
 from pipeline.runtime import answering
 from pipeline.spawn import in_spawned_process

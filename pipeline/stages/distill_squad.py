@@ -27,7 +27,8 @@ from transformers import AutoModelForMaskedLM, AutoTokenizer, BertForQuestionAns
 from pipeline.data import qa_windows
 from pipeline.data.augment import augment_windows
 from pipeline.data.squad_loading import load_squad
-from pipeline.distillation.squad_objectives import SquadDistillationLoss, distillation_plan, logits_suffice, training_phases
+from pipeline.distillation.squad_objectives import (SquadDistillationLoss, distillation_plan, logits_suffice,
+                                                    training_phases)
 from pipeline.distillation.students import freeze
 from pipeline.export.model_card import qa_student_card, write_model_card
 from pipeline.outputs.artifacts import atomic_write_json, atomic_write_text, read_json
@@ -209,7 +210,8 @@ def run(
     dcfg = cfg.distill_squad
     device = prepare_run(dcfg.train, cfg.seed)
     tokenizer = AutoTokenizer.from_pretrained(student_dir)
-    student = qa_windows.prepare_for_qa_training(DistilBertForQuestionAnswering.from_pretrained(student_dir).to(device), cfg.squad)
+    student = DistilBertForQuestionAnswering.from_pretrained(student_dir).to(device)
+    student = qa_windows.prepare_for_qa_training(student, cfg.squad)
     teacher = None
     plan: dict = {}
     projection = None
@@ -278,7 +280,8 @@ def run(
             # TinyBERT's phases leave the QA head (first) or the width projection (second) out of the loss.
             find_unused_parameters=len(phases) > 1,
         )
-        phase_results.append({"phase": phase, **result.as_metrics(), "tokens": result.tokens_per_second * result.train_seconds})
+        phase_results.append({"phase": phase, **result.as_metrics(),
+                              "tokens": result.tokens_per_second * result.train_seconds})
         if not last and is_main_process():
             tmp = finished.with_name(f"{finished.name}.tmp-{os.getpid()}")
             save_model(trainable, str(tmp), metadata={"result": json.dumps(phase_results[-1])})

@@ -45,7 +45,8 @@ def run(cfg: PipelineConfig, model_dir: Path, data_dir: Path | None, out_dir: Pa
     if data_dir is not None:
         questions = gate_questions(data_dir, model_dir, gates.dev_questions)
         dev, gold = questions.records, questions.gold
-        features = qa_windows.validation_windows(dev, AutoTokenizer.from_pretrained(model_dir), cfg.squad)  # once for all
+        # once for all
+        features = qa_windows.validation_windows(dev, AutoTokenizer.from_pretrained(model_dir), cfg.squad)
         pytorch_predictions, pytorch_f1 = questions.pytorch_predictions, questions.pytorch_f1
 
     compressed_variants = set(ccfg.variants) - {"fp16"}

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from pipeline.data import qa_windows
 from pipeline.export.gates import (REJECTED, agreement_gate, enforce_if_strict, gate_questions, logit_parity_report,
-                            overall_verdict)
+                                   overall_verdict)
 from pipeline.export.onnx_graph import (MODEL_FILE, check_fusions, export_fp32, max_logit_difference, optimize_graph,
                                         windows_from_features)
 from pipeline.outputs.artifacts import atomic_write_json, directory_size_bytes, megabytes
@@ -46,7 +46,8 @@ def run(cfg: PipelineConfig, model_dir: Path, data_dir: Path, out_dir: Path) -> 
     questions = gate_questions(data_dir, model_dir, gates.dev_questions)
     dev = questions.records
     features = qa_windows.validation_windows(dev, tokenizer, cfg.squad)
-    torch_start, torch_end = qa_windows.predict_window_logits(model, features, cfg.squad.eval_batch_size, torch.device("cpu"))
+    torch_start, torch_end = qa_windows.predict_window_logits(model, features, cfg.squad.eval_batch_size,
+                                                              torch.device("cpu"))
     windows = windows_from_features(features)
     pytorch_predictions = questions.pytorch_predictions
     n_layers = model.config.num_hidden_layers

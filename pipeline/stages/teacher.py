@@ -124,7 +124,8 @@ def run_finetune(
         source = str(pretrained_dir) if pretrained_dir else cfg.teacher.pretrained
         if not source:
             raise ValueError("teacher_finetune needs --pretrained-dir or teacher.pretrained")
-        model = qa_windows.prepare_for_qa_training(BertForQuestionAnswering.from_pretrained(source).to(device), cfg.squad)
+        model = BertForQuestionAnswering.from_pretrained(source).to(device)
+        model = qa_windows.prepare_for_qa_training(model, cfg.squad)
         train_examples, _ = load_squad(str(data_dir / "train.jsonl"))
         windows = qa_windows.train_window_tensors(train_examples, tokenizer, cfg.squad)
 
