@@ -47,14 +47,14 @@ def squad2_dev_sample() -> Path:
 @pytest.fixture(scope="session")
 def exported_student(tmp_path_factory) -> dict:
     """The tiny student exported, quantized, converted to CoreML and bundled once for the whole session (read only):
-    tests/test_export.py, tests/test_web_client.py and the tuning tests check these files (one xdist group: below)."""
+    tests/stages/test_export.py, tests/test_web_client.py and the tuning tests check these files (one xdist group: below)."""
     from tests.stage_fixtures import export_tiny_student
 
     return export_tiny_student(tmp_path_factory.mktemp("exported_student"))
 
 
 # The end-to-end builds: each is made once per run by the worker that runs its tests (below), and read only. The
-# last is benchmarks/gpu_check.sh's dry run (tests/test_gpu_check.py).
+# last is benchmarks/gpu_check.sh's dry run (tests/benchmarks/test_gpu_check.py).
 END_TO_END_BUILDS = ("dag_run", "documented_offline_deploy", "distributed_runs", "gpu_check_dry_run")
 
 

@@ -74,7 +74,7 @@ def tiny_qa_model_dir(root: Path, paths: dict[str, Path], cfg: PipelineConfig, d
 
 
 # Random tiny models have near-flat logits, so int8 rounding flips many answers: the export stages run with the
-# compressed-variant gates relaxed (tests/test_export.py exercises the gates on their own), every CoreML variant,
+# compressed-variant gates relaxed (tests/stages/test_export.py exercises the gates on their own), every CoreML variant,
 # the whole int8 search grid at per-channel scales (every graph, both formats, both attention settings) and the
 # 4-bit graph (configs/test.yaml leaves both to these tests).
 EXPORT_RELAXED = {

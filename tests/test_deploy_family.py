@@ -44,7 +44,7 @@ def deployed(request, tmp_path_factory) -> dict:
                                               fine_tune_steps=60)
     cfg = tiny_config(deploy={"model": str(root / "my-qa-model")},
                       data={"squad_dev": str(SHARED_SQUAD_SAMPLE), "max_dev_examples": N_QUESTIONS},
-                      # the bundle's choice is not what is tested here, nor the x86 target (tests/test_export.py)
+                      # the bundle's choice is not what is tested here, nor the x86 target (tests/stages/test_export.py)
                       export={"quantize": {"latency_runs": 5, "openvino": False}})
     paths = {name: root / name for name in ("data", "deployed_model", "onnx", "quantized", "coreml", "bundle")}
     prepare_data.run(cfg, paths["data"])

@@ -1,6 +1,6 @@
 """How the package's modules import each other: the folders are the layers (docs/rules.md, "Architecture"), each
 imports only its own layer and those below it, never in a circle (no stage imports another:
-tests/test_code_inputs.py), and the layers that must stay light stay so (the planning layer, which Snakemake
+tests/plan/test_code_inputs.py), and the layers that must stay light stay so (the planning layer, which Snakemake
 imports while it plans the DAG, and the runtime an app or a server imports to answer questions)."""
 
 import re

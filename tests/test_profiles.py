@@ -88,7 +88,7 @@ def test_paths_with_spaces_and_quotes_reach_every_job_as_single_arguments(tmp_pa
                     "--teacher-dir", "--teacher", "--model-dir", "--onnx-dir", "--root", "--token-counts"}
     seen = set()
     for words in commands:
-        # An optional flag is one word, --option=value (tests/test_stage_cli.py); a required one two.
+        # An optional flag is one word, --option=value (tests/plan/test_stage_cli.py); a required one two.
         options = [part for word in words for part in (word.split("=", 1) if word.startswith("--") else [word])]
         for option, value in zip(options, options[1:]):
             if option in path_options:

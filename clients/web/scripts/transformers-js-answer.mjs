@@ -1,5 +1,5 @@
 // Answers of transformers.js (npm @huggingface/transformers) on the bundle's Hugging Face layout, offline: the
-// check that the folder loads as it is in pipeline("question-answering", ...), compared by tests/test_hf_layout.py
+// check that the folder loads as it is in pipeline("question-answering", ...), compared by tests/export/test_hf_layout.py
 // with the torch-free Python answerer.
 //   node scripts/transformers-js-answer.mjs --model DIR --questions FILE
 // DIR: the bundle's huggingface/ folder. FILE: a JSON list of {id, question, context}. Prints {id: {answer, score}}:

@@ -1,5 +1,5 @@
 """Stages benchmark and report: timing in a separate process, profiles, summary schema. The builds the benchmark
-times: tests/test_full_size_builds.py, tests/test_int8_search.py, tests/test_peers.py."""
+times: tests/export/test_full_size_builds.py, tests/stages/test_int8_search.py, tests/export/test_peers.py."""
 
 import json
 import subprocess

@@ -22,7 +22,7 @@ from pipeline.distillation.chunked_lm_loss import (
     chunked_lm_head_losses,
 )
 from pipeline.distillation.losses import IGNORED_LABEL, mlm_distillation_terms, mlm_distillation_terms_in_chunks
-from tests.test_losses import DataDependentOps
+from tests.distillation.test_losses import DataDependentOps
 
 N_TOKENS, HIDDEN, TEACHER_HIDDEN = 40, 16, 24
 VOCAB = 300  # padded to 320 by the default layout; 320 itself is a vocabulary that needs no padding

@@ -32,7 +32,7 @@ from pipeline.distillation.students import student_config_from_teacher  # noqa: 
 from pipeline.plan.config import SquadConfig  # noqa: E402
 from pipeline.runtime import squad  # noqa: E402
 from tests.stage_fixtures import tiny_bert_config  # noqa: E402
-from tests.test_squad import SEINE_CONTEXT, seine_examples, seine_tokenizer  # noqa: E402,F401  (fixture)
+from tests.runtime.test_squad import SEINE_CONTEXT, seine_examples, seine_tokenizer  # noqa: E402,F401  (fixture)
 
 SQUAD = SquadConfig(max_seq_length=24, doc_stride=8, n_best_size=5, max_answer_length=6, eval_batch_size=3)
 SPANS = [(10, 15), (30, 35), (120, 124)]  # "Seine", "Paris", a word in the middle

@@ -34,7 +34,7 @@ def small_model(architecture, out_dir, pretrained, seed):
 @pytest.fixture(scope="module")
 def full_size_root(tmp_path_factory):
     """full_size/distilbert (every int8 recipe of the grid) and full_size/bert-base (the naive one), as
-    export_full_size writes them; no CoreML packages (tests/test_export.py checks those)."""
+    export_full_size writes them; no CoreML packages (tests/stages/test_export.py checks those)."""
     root = tmp_path_factory.mktemp("root")
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(export_full_size, "save_full_size", small_model)
