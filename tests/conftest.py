@@ -47,7 +47,8 @@ def squad2_dev_sample() -> Path:
 @pytest.fixture(scope="session")
 def exported_student(tmp_path_factory) -> dict:
     """The tiny student exported, quantized, converted to CoreML and bundled once for the whole session (read only):
-    tests/stages/test_export.py, tests/test_web_client.py and the tuning tests check these files (one xdist group: below)."""
+    tests/stages/test_export.py, tests/test_web_client.py and the tuning tests check these files (one xdist group:
+    below)."""
     from tests.stage_fixtures import export_tiny_student
 
     return export_tiny_student(tmp_path_factory.mktemp("exported_student"))
