@@ -49,3 +49,13 @@ include: "rules/distillation.smk"
 include: "rules/export.smk"
 include: "rules/measurement.smk"
 include: "rules/study.smk"
+
+
+# The one line a user must see when the bundle ships no int8 graph (why, and what would help): the stages' own
+# output goes to their logs.
+onsuccess:
+    import json
+
+    bundle_metrics = Path(ROOT) / "bundle" / "metrics.json"
+    if bundle_metrics.is_file() and json.loads(bundle_metrics.read_text()).get("int8_note"):
+        print(f"bundle ({bundle_metrics.parent}): {json.loads(bundle_metrics.read_text())['int8_note']}")

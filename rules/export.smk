@@ -196,6 +196,7 @@ rule export_gemm_floor:
 
 rule bundle:
     input:
+        onnx=f"{ROOT}/onnx/{BUNDLED_MODEL}",
         quantized=f"{ROOT}/quantized/{BUNDLED_MODEL}",
         coreml=f"{ROOT}/coreml/{BUNDLED_MODEL}",
         model=f"{ROOT}/{EXPORTED_MODELS[BUNDLED_MODEL]}",
@@ -213,6 +214,6 @@ rule bundle:
     resources:
         **LIGHT_RESOURCES,
     shell:
-        stage_shell("bundle", quantized_dir="{input.quantized:q}", coreml_dir="{input.coreml:q}",
+        stage_shell("bundle", onnx_dir="{input.onnx:q}", quantized_dir="{input.quantized:q}", coreml_dir="{input.coreml:q}",
                     model_dir="{input.model:q}", data_dir="{input.data:q}", out_dir="{output:q}",
                     threads_variable="OMP_NUM_THREADS")

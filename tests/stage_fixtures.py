@@ -97,7 +97,7 @@ def export_tiny_student(root: Path) -> dict:
     export_onnx.run(cfg, student, paths["data"], root / "onnx_student")
     quantize.run(cfg, root / "onnx_student", student, paths["data"], root / "quantized")
     export_coreml.run(cfg, student, paths["data"], root / "coreml")
-    bundle.run(cfg, root / "quantized", root / "coreml", student, paths["data"], root / "bundle")
+    bundle.run(cfg, root / "onnx_student", root / "quantized", root / "coreml", student, paths["data"], root / "bundle")
     return {"root": root, "cfg": cfg, "paths": paths, "data": paths["data"], "student": student,
             "onnx_student": root / "onnx_student", "quantized": root / "quantized", "coreml": root / "coreml",
             "bundle": root / "bundle"}

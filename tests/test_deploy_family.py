@@ -52,7 +52,7 @@ def deployed(request, tmp_path_factory) -> dict:
     metrics["export_onnx"] = export_onnx.run(cfg, paths["deployed_model"], paths["data"], paths["onnx"])
     metrics["quantize"] = quantize.run(cfg, paths["onnx"], paths["deployed_model"], paths["data"], paths["quantized"])
     metrics["export_coreml"] = export_coreml.run(cfg, paths["deployed_model"], paths["data"], paths["coreml"])
-    metrics["bundle"] = bundle.run(cfg, paths["quantized"], paths["coreml"], paths["deployed_model"], paths["data"],
+    metrics["bundle"] = bundle.run(cfg, paths["onnx"], paths["quantized"], paths["coreml"], paths["deployed_model"], paths["data"],
                                    paths["bundle"])
     return {"model_type": model_type, "cfg": cfg, "source": root / "my-qa-model", **paths, "metrics": metrics}
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.errors import PipelineError
+from pipeline.export.dev_split import DevSplit, dev_source, split_for
 from pipeline.measurement.statistics import Z_95, paired_bootstrap_interval, per_question_f1, wilson_interval
 from pipeline.runtime import squad
 
@@ -37,17 +38,23 @@ class GateQuestions:
     pytorch_predictions: dict[str, str]
     pytorch_exact_match: float
     pytorch_f1: float
+    split: DevSplit | None = None
 
 
-def gate_questions(data_dir: Path, model_dir: Path, limit: int | None) -> GateQuestions:
-    """The first `limit` dev questions (all if None) and the PyTorch model's predictions.json restricted to them."""
-    import json
-
+def dev_records_and_split(data_dir: Path, cfg):
+    """prepare_data's dev questions (datasets) and their split into gated and tuning questions (dev_split)."""
     from pipeline.data.squad_loading import load_squad
 
     records, _ = load_squad(str(data_dir / "dev.jsonl"))
-    if limit and limit < len(records):
-        records = records.select(range(limit))  # a datasets.Dataset: slicing would give columns
+    return records, split_for(records["context"], cfg, dev_source(cfg))
+
+
+def gate_questions(data_dir: Path, model_dir: Path, cfg) -> GateQuestions:
+    """The gated dev questions (pipeline/export/dev_split.py) and the PyTorch model's predictions.json on them."""
+    import json
+
+    records, split = dev_records_and_split(data_dir, cfg)
+    records = records.select(split.gated_rows)  # a datasets.Dataset: slicing would give columns
     gold = squad.gold_answers(records)
     predictions_path = model_dir / "predictions.json"
     all_predictions = json.loads(predictions_path.read_text())
@@ -57,7 +64,7 @@ def gate_questions(data_dir: Path, model_dir: Path, limit: int | None) -> GateQu
     pytorch_predictions = {question_id: all_predictions[question_id] for question_id in gold}
     scores = squad.squad_v1_scores(gold, pytorch_predictions)
     return GateQuestions(records, squad.questions(records), gold, pytorch_predictions,
-                         round(scores["exact_match"], 3), round(scores["f1"], 3))
+                         round(scores["exact_match"], 3), round(scores["f1"], 3), split)
 
 
 # How each gate is judged. A measurement on N dev questions has its own noise, so a verdict says how far the data
@@ -113,8 +120,16 @@ def questions_for_agreement(rate: float, minimum: float, most: int = 10_000_000)
 
 
 def ships(verdict: str | None, strict: bool) -> bool:
-    """Whether a variant with this verdict goes into the bundle: proven always, unproven unless strict."""
-    return verdict == PROVEN or (verdict == UNPROVEN and not strict) or verdict in (None, RECORDED)
+    """Whether a variant with this verdict goes into the bundle: proven always, unproven unless strict; no
+    verdict (never scored, or its build failed) never."""
+    return verdict == PROVEN or (verdict == UNPROVEN and not strict)
+
+
+def failed_report(name: str, reason: str) -> dict:
+    """A variant whose build or scoring failed: rejected with the reason, never shipped."""
+    gate = {"value": None, "verdict": REJECTED, "passed": False, "judged_by": reason}
+    return {"name": name, "error": reason, "gates": {"built_and_scored": gate}, "verdict": REJECTED,
+            "passed": False, "exact_match": None, "f1": None, "f1_drop": None, "answer_agreement": None}
 
 
 def agreement_gate(predictions: Mapping[str, str], pytorch_predictions: Mapping[str, str],
@@ -151,10 +166,11 @@ def f1_drop_gate(predictions: Mapping[str, str], pytorch_predictions: Mapping[st
             "judged_by": f"paired bootstrap 95 % interval over {len(drops)} questions"}
 
 
-def overall_verdict(gates: Mapping[str, dict]) -> str:
-    """The worst verdict of the gates that are on (recorded measures do not vote)."""
+def overall_verdict(gates: Mapping[str, dict]) -> str | None:
+    """The worst verdict of the gates that are on (recorded measures do not vote); None when no gate is on: no
+    verdict, which never ships."""
     verdicts = [gate["verdict"] for gate in gates.values() if gate.get("verdict") in VERDICT_ORDER]
-    return max(verdicts, key=VERDICT_ORDER.index, default=PROVEN)
+    return max(verdicts, key=VERDICT_ORDER.index, default=None)
 
 
 def compressed_model_report(
@@ -206,6 +222,9 @@ def failure_lines(reports: list[dict]) -> list[str]:
     rejected gate, or an unproven one where export.gates.strict ships proven variants only)."""
     lines = []
     for report in reports:
+        if report.get("error"):
+            lines.append(f"  {report['name']}: {report['error']}")
+            continue
         for gate, result in report["gates"].items():
             unproven_kept_out = result.get("verdict") == UNPROVEN and report.get("passed") is False
             if result["passed"] is not False and not unproven_kept_out:

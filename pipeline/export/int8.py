@@ -224,7 +224,7 @@ def choose_bundle_variant(variants: dict, f1_by_question: dict[str, np.ndarray],
     shipping = [name for name in variants if name.startswith(NAIVE) and variants[name]["passed"]]
     if not shipping:
         return None, None, "no int8 variant passed its gates"
-    proven = [name for name in shipping if variants[name].get("verdict", "proven") == "proven"]
+    proven = [name for name in shipping if variants[name].get("verdict") == "proven"]
     passing = proven or shipping
     proof = (f"{len(proven)} of {len(shipping)} shipping variants proven within the gates; "
              if proven else f"none of {len(shipping)} shipping variants proven within the gates (all unproven); ")

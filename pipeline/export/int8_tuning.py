@@ -28,13 +28,13 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from pipeline.export.gates import GateQuestions, compressed_model_report
+from pipeline.export.gates import GateQuestions, compressed_model_report, dev_records_and_split, failed_report
 from pipeline.export.int8 import (MODEL_FILE, Int8Recipe, activation_matmuls, calibration_feeds,
                                   choose_bundle_variant, copy_side_files, fp32_graph, int8_recipes,
                                   quantization_settings, quantize_int4, quantize_int8, weight_storage)
 from pipeline.export.openvino_target import OPENVINO_VARIANT, build_and_gate
 from pipeline.measurement.latency import compare_latency
-from pipeline.measurement.statistics import per_question_f1
+from pipeline.measurement.statistics import paired_bootstrap_interval, per_question_f1
 from pipeline.outputs.artifacts import atomic_write_json, directory_size_bytes, megabytes, read_json
 from pipeline.outputs.machine import cpu_description
 from pipeline.plan.config import PipelineConfig
@@ -59,36 +59,26 @@ class TuningQuestions:
 
 
 def tuning_records(data_dir: Path, cfg: PipelineConfig):
-    """Up to export.quantize.tuning_questions question records (datasets) the gates never score, and where they
-    come from: the first training questions; for a deploy (no training set), the dev questions past
-    export.gates.dev_questions; None, with the reason, when there are none."""
-    from pipeline.data.squad_loading import load_squad
-
-    count = cfg.export.quantize.tuning_questions
-    if (data_dir / "train.jsonl").is_file():
-        records, where = load_squad(str(data_dir / "train.jsonl"))[0], "training questions"
-        records = records.select(range(min(count, len(records))))
-    else:
-        records = load_squad(str(data_dir / "dev.jsonl"))[0]
-        gated = cfg.export.gates.dev_questions or len(records)
-        past = range(min(gated, len(records)), min(gated + count, len(records)))
-        records = records.select(past) if len(past) else None  # datasets refuses an empty range past the end
-        where = f"dev questions past the {gated} the gates score"
-    if records is None or len(records) == 0:
-        return None, (f"no training questions and no dev questions past the {cfg.export.gates.dev_questions} gated "
-                      "ones to calibrate and tune on (a longer dev set, data.max_dev_examples, gives some)")
-    return records, f"{len(records)} {where}"
+    """The dev questions (datasets records) the int8 search tunes on, never gated (pipeline/export/dev_split.py),
+    and where they come from."""
+    records, split = dev_records_and_split(data_dir, cfg)
+    records = records.select(split.tuning_rows)
+    return records, (f"{len(records)} held-out dev questions, on paragraphs with no gated question "
+                     f"(dev_split: {split.rule})")
 
 
-def tuning_questions(data_dir: Path, onnx_dir: Path, cfg: PipelineConfig) -> tuple[TuningQuestions | None, str]:
+def tuning_questions(data_dir: Path, onnx_dir: Path, cfg: PipelineConfig) -> TuningQuestions:
     """The tuning questions (tuning_records) windowed by the fp32 export's tokenizer, and where they come from."""
     records, where = tuning_records(data_dir, cfg)
-    if records is None:
-        return None, where
     answerer = answering.QuestionAnswerer.with_squad_settings(onnx_dir / "fp32" / MODEL_FILE,
                                                             onnx_dir / "fp32" / "tokenizer.json", cfg.squad, threads=1)
     examples = squad.questions(records)
-    return TuningQuestions(examples, squad.gold_answers(records), answerer.windows(examples), where), where
+    return TuningQuestions(examples, squad.gold_answers(records), answerer.windows(examples), where)
+
+
+def window_question_ids(windows: answering.Windows, count: int | None = None) -> list[str]:
+    """The question ids of the first `count` windows (all when None), once each, in order: what a step read."""
+    return list(dict.fromkeys(windows.example_ids[:count]))
 
 
 # ------------------------------------------------------------------------------------------------ sensitivity
@@ -176,84 +166,135 @@ def layer_sensitivity(source: Path, recipe: Int8Recipe, layers: list[str], reduc
 
 def tuning_drop(graph: GraphAnswers, reference_f1: np.ndarray, tuning: TuningQuestions,
                 reference: GraphAnswers) -> dict:
-    """A graph's F1 drop from the fp32 graph on the tuning questions and its answer agreement with it."""
-    drop = float((reference_f1 - per_question_f1(graph.predictions, tuning.gold)).mean())
+    """A graph against the fp32 graph on the tuning questions: the F1 drop with its paired bootstrap interval,
+    answer agreement, and the label-free divergence of its start/end distributions over every tuning window."""
+    drops = reference_f1 - per_question_f1(graph.predictions, tuning.gold)
     same = sum(graph.predictions[qid] == answer for qid, answer in reference.predictions.items())
-    return {"f1_drop": round(drop, 3), "answer_agreement": round(same / len(reference.predictions), 4)}
+    divergence = distribution_divergence((reference.start, reference.end), (graph.start, graph.end),
+                                         tuning.windows.attention_mask.astype(bool))
+    return {"f1_drop": round(float(drops.mean()), 3), "f1_drop_interval": list(paired_bootstrap_interval(drops)),
+            "answer_agreement": round(same / len(reference.predictions), 4), "divergence": round(divergence, 6)}
+
+
+# The fallback's stopping rule reads no noise: a step reaches the target only when the tuning drop's whole paired
+# 95 % interval is within it (a point estimate on a few hundred questions moves by a point or more between
+# samples); where no step reaches it, the step kept is the one closest to the fp32 graph by the label-free
+# divergence over every tuning window, not the one with the luckiest F1.
+STOPPING_RULE = ("a step reaches the target when the tuning F1 drop's paired bootstrap 95 % interval lies within "
+                 "it; otherwise the step kept is the one with the smallest start/end KL divergence from the fp32 "
+                 "graph over every tuning window")
+
+
+def within_target(measured: dict, target: float) -> bool:
+    return measured["f1_drop_interval"][1] <= target
+
+
+def kept_step(measures: list[dict], target: float) -> int:
+    """Index into `measures` (step 0: no fallback) of the step the fallback keeps (STOPPING_RULE)."""
+    for index, measured in enumerate(measures):
+        if within_target(measured, target):
+            return index
+    return min(range(len(measures)), key=lambda index: measures[index]["divergence"])
 
 
 def fall_back(source: Path, target: Path, recipe: Int8Recipe, reduce_range: bool, calibration: list | None,
               tuning: TuningQuestions, reference: GraphAnswers, reference_f1: np.ndarray, before: dict,
               cfg: PipelineConfig, scratch: Path) -> dict:
     """The recipe's graph at `target` with its most sensitive layers in fp32, one more at a time, until the
-    tuning F1 drop is within export.quantize.fallback.target_f1_drop (or max_layers are back); returns the record
-    (sensitivity, each step, the layers that fell back). `target` keeps the best step's graph."""
+    tuning F1 drop is shown within export.quantize.fallback.target_f1_drop (or max_layers are back); returns the
+    record (sensitivity, each step, the layers that fell back, the rule). `target` keeps the chosen step's graph."""
     fcfg = cfg.export.quantize.fallback
     layers = quantizable_layers(source, recipe)
     sensitivity = layer_sensitivity(source, recipe, layers, reduce_range, calibration, tuning, cfg, scratch,
                                     side_files=target.parent)
-    steps, fell_back, best = [], [], (before["f1_drop"], 0)
-    kept = target.parent / "fallback-step.onnx"
-    shutil.copy(target, kept)  # step 0: no fallback
+    steps, fell_back, measures = [], [], [before]
+    graphs = target.parent / "fallback-steps"
+    graphs.mkdir(exist_ok=True)
+    shutil.copy(target, graphs / "0.onnx")  # step 0: no fallback
     for layer in list(sensitivity)[:fcfg.max_layers]:
         fell_back.append(layer)
         quantize_int8(source, target, recipe, reduce_range, calibration, exclude=fell_back)
+        shutil.copy(target, graphs / f"{len(fell_back)}.onnx")
         measured = tuning_drop(GraphAnswers(target, tuning, cfg), reference_f1, tuning, reference)
         steps.append({"layer": layer, "sensitivity": sensitivity[layer], **measured})
-        logger.info("int8 fallback %s: %s back to fp32 -> tuning F1 drop %s", recipe.name, layer, measured["f1_drop"])
-        if measured["f1_drop"] < best[0]:
-            best = (measured["f1_drop"], len(fell_back))
-            shutil.copy(target, kept)
-        if measured["f1_drop"] <= fcfg.target_f1_drop:
+        measures.append(measured)
+        logger.info("int8 fallback %s: %s back to fp32 -> tuning F1 drop %s %s", recipe.name, layer,
+                    measured["f1_drop"], measured["f1_drop_interval"])
+        if within_target(measured, fcfg.target_f1_drop):
             break
-    shutil.move(kept, target)  # the step with the smallest tuning drop (the last one when it reached the target)
-    return {"target_f1_drop": fcfg.target_f1_drop, "max_layers": fcfg.max_layers, "before": before,
-            "sensitivity": sensitivity, "steps": steps, "fell_back": fell_back[:best[1]],
-            "after": steps[best[1] - 1] if best[1] else before, "reached_target": best[0] <= fcfg.target_f1_drop}
+    chosen = kept_step(measures, fcfg.target_f1_drop)
+    shutil.move(graphs / f"{chosen}.onnx", target)
+    shutil.rmtree(graphs)
+    return {"target_f1_drop": fcfg.target_f1_drop, "max_layers": fcfg.max_layers, "stopping_rule": STOPPING_RULE,
+            "before": before, "sensitivity": sensitivity, "steps": steps, "fell_back": fell_back[:chosen],
+            "after": measures[chosen], "reached_target": within_target(measures[chosen], fcfg.target_f1_drop),
+            "reads": {"sensitivity": window_question_ids(tuning.windows, fcfg.sensitivity_windows),
+                      "scoring": window_question_ids(tuning.windows)}}
 
 
 # ------------------------------------------------------------------------------------------------ the search
 
 
 def build_and_tune(onnx_dir: Path, out_dir: Path, cfg: PipelineConfig, settings: dict,
-                   recipes: dict[str, Int8Recipe], tuning: TuningQuestions | None) -> tuple[list[str], dict, dict]:
-    """Every recipe built (and the 4-bit graph), the ones to tune tuned; returns the variant names, each tuned
-    recipe's fallback record and the graphs before their fallback (for the timing)."""
+                   recipes: dict[str, Int8Recipe], tuning: TuningQuestions) -> tuple[list[str], dict, dict, dict]:
+    """Every recipe built (and the 4-bit graph), the ones to tune tuned; returns the variant names built, each tuned
+    recipe's fallback record, the graphs before their fallback (for the timing) and, by name, why a variant could
+    not be built (a failure, never shipped)."""
     qcfg = cfg.export.quantize
-    graphs_dir, names, sources, calibrations = out_dir / "fp32-graphs", [], {}, {}
+    graphs_dir, names, sources, calibrations, failed = out_dir / "fp32-graphs", [], {}, {}, {}
     for name, recipe in recipes.items():
-        sources[name] = fp32_graph(onnx_dir, recipe.graph, graphs_dir)
-        calibrations[name] = (calibration_feeds(tuning.windows, sources[name], qcfg.calibration_windows)
-                              if recipe.format == "qdq" and tuning is not None else None)
-        copy_side_files(onnx_dir / "fp32", out_dir / name)
-        quantize_int8(sources[name], out_dir / name / MODEL_FILE, recipe, settings["reduce_range"], calibrations[name])
+        try:
+            sources[name] = fp32_graph(onnx_dir, recipe.graph, graphs_dir)
+            calibrations[name] = (calibration_feeds(tuning.windows, sources[name], qcfg.calibration_windows)
+                                  if recipe.format == "qdq" else None)
+            copy_side_files(onnx_dir / "fp32", out_dir / name)
+            quantize_int8(sources[name], out_dir / name / MODEL_FILE, recipe, settings["reduce_range"],
+                          calibrations[name])
+        except Exception as error:  # one recipe the quantizer cannot build fails alone, saying why
+            failed[name] = failure_reason("build", error)
+            logger.warning("int8 %s not built: %s", name, failed[name])
+            continue
         names.append(name)
     if qcfg.int4:
         copy_side_files(onnx_dir / "fp32", out_dir / "int4")
-        quantize_int4(onnx_dir / "fp32" / MODEL_FILE, out_dir / "int4" / MODEL_FILE, qcfg.int4_block_size,
-                      qcfg.int4_embeddings)
-        names.append("int4")
+        try:
+            quantize_int4(onnx_dir / "fp32" / MODEL_FILE, out_dir / "int4" / MODEL_FILE, qcfg.int4_block_size,
+                          qcfg.int4_embeddings)
+            names.append("int4")
+        except Exception as error:
+            failed["int4"] = failure_reason("build", error)
     fallbacks, untuned = {}, {}
-    if tuning is None or qcfg.fallback.recipes == 0:
-        return names, fallbacks, untuned
+    built = [name for name in recipes if name in names]
+    if qcfg.fallback.recipes == 0:
+        return names, fallbacks, untuned, failed
     reference = GraphAnswers(onnx_dir / "fp32" / MODEL_FILE, tuning, cfg)
     reference_f1 = per_question_f1(reference.predictions, tuning.gold)
     before = {name: tuning_drop(GraphAnswers(out_dir / name / MODEL_FILE, tuning, cfg), reference_f1,
-                                tuning, reference) for name in recipes}
-    over = sorted((name for name in recipes if before[name]["f1_drop"] > qcfg.fallback.target_f1_drop),
+                                tuning, reference) for name in built}
+    over = sorted((name for name in built if not within_target(before[name], qcfg.fallback.target_f1_drop)),
                   key=lambda name: before[name]["f1_drop"])
-    for name in over[:qcfg.fallback.recipes]:  # the most accurate of those over the target: worth a layer each
+    for name in over[:qcfg.fallback.recipes]:  # the most accurate of those not shown within the target
         untuned[name] = out_dir / "untuned" / name / MODEL_FILE
         copy_side_files(onnx_dir / "fp32", untuned[name].parent)
         shutil.copy(out_dir / name / MODEL_FILE, untuned[name])
-        fallbacks[name] = fall_back(sources[name], out_dir / name / MODEL_FILE, recipes[name],
-                                    settings["reduce_range"], calibrations[name], tuning, reference, reference_f1,
-                                    before[name], cfg, out_dir / "sensitivity")
-    for name in recipes:
-        not_tuned = (f"over the target, not among the {qcfg.fallback.recipes} most accurate such recipes"
-                     if name in over else "within the target")
+        try:
+            fallbacks[name] = fall_back(sources[name], out_dir / name / MODEL_FILE, recipes[name],
+                                        settings["reduce_range"], calibrations[name], tuning, reference,
+                                        reference_f1, before[name], cfg, out_dir / "sensitivity")
+        except Exception as error:  # a fallback that breaks leaves the recipe a failure, not its untuned graph
+            failed[name] = failure_reason("fallback", error)
+            names.remove(name)
+            del untuned[name]
+    for name in built:
+        not_tuned = (f"not shown within the target, not among the {qcfg.fallback.recipes} most accurate such "
+                     "recipes" if name in over else "shown within the target on the tuning questions")
         fallbacks.setdefault(name, {"before": before[name], "fell_back": [], "not_tuned": not_tuned})
-    return names, fallbacks, untuned
+    return names, fallbacks, untuned, failed
+
+
+def failure_reason(step: str, error: BaseException) -> str:
+    """One line: the step that failed, the exception's type and its first line."""
+    return f"{step} failed: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}".rstrip(": ")
 
 
 def search(onnx_dir: Path, data_dir: Path, out_dir: Path, cfg: PipelineConfig, questions: GateQuestions,
@@ -264,26 +305,28 @@ def search(onnx_dir: Path, data_dir: Path, out_dir: Path, cfg: PipelineConfig, q
     qcfg = cfg.export.quantize
     settings = quantization_settings(qcfg)
     recipes = int8_recipes(qcfg, settings)
-    tuning, tuned_on = tuning_questions(data_dir, onnx_dir, cfg)
-    left_out = {}
-    if tuning is None:  # nothing to calibrate static scales on: those recipes are left out, saying why
-        left_out = {name: tuned_on for name, recipe in recipes.items() if recipe.format == "qdq"}
-        recipes = {name: recipe for name, recipe in recipes.items() if name not in left_out}
-    variants, f1_by_question = build_gate_and_time(onnx_dir, out_dir, cfg, settings, recipes, tuning, questions,
-                                                   threads)
+    tuning = tuning_questions(data_dir, onnx_dir, cfg)
+    variants, f1_by_question, fallback_reads = build_gate_and_time(onnx_dir, out_dir, cfg, settings, recipes,
+                                                                   tuning, questions, threads)
     choice, runner_up, decided_by = choose_bundle_variant(variants, f1_by_question, qcfg.latency_tie_fraction)
+    reads = {"static_calibration": window_question_ids(tuning.windows, qcfg.calibration_windows),
+             **fallback_reads}
     left_out_targets = {}
-    if qcfg.openvino and tuning is None:
-        left_out_targets[OPENVINO_VARIANT] = tuned_on
-    elif qcfg.openvino:  # the x86 target, calibrated as the static recipes are; never the ONNX bundle's choice
+    if qcfg.openvino:  # the x86 target, calibrated as the static recipes are; never the ONNX bundle's choice
         calibration = calibration_feeds(tuning.windows, onnx_dir / "fp32" / MODEL_FILE, qcfg.calibration_windows)
-        try:
-            variants[OPENVINO_VARIANT] = build_and_gate(onnx_dir, out_dir, calibration, questions, cfg,
-                                                        qcfg.latency_runs)
-        except Exception as error:  # an optional target: a model NNCF or OpenVINO cannot take is left out, saying why
-            reason = f"{type(error).__name__}: {error}".splitlines()[0]
-            logger.warning("%s left out: %s", OPENVINO_VARIANT, reason)
-            left_out_targets[OPENVINO_VARIANT] = reason
+        reads["openvino_calibration"] = window_question_ids(tuning.windows, qcfg.calibration_windows)
+        missing = openvino_missing()
+        if missing:  # the optional target cannot run here at all: said so, not a variant
+            left_out_targets[OPENVINO_VARIANT] = missing
+        else:
+            try:
+                variants[OPENVINO_VARIANT] = build_and_gate(onnx_dir, out_dir, calibration, questions, cfg,
+                                                            qcfg.latency_runs)
+            except Exception as error:  # a model NNCF or OpenVINO cannot take: a failed variant, never shipped
+                reason = failure_reason("build or scoring", error)
+                logger.warning("%s failed: %s", OPENVINO_VARIANT, reason)
+                variants[OPENVINO_VARIANT] = {"path": None, "runtime": "openvino",
+                                              **failed_report(f"{out_dir}/{OPENVINO_VARIANT}", reason)}
     return {
         "settings": settings,
         "cpu": cpu_description(),
@@ -291,10 +334,13 @@ def search(onnx_dir: Path, data_dir: Path, out_dir: Path, cfg: PipelineConfig, q
                    "runs": qcfg.latency_runs},
         "pytorch_f1": questions.pytorch_f1,
         "n_questions": len(questions.examples),
+        "dev_split": questions.split.record(),
+        "gated_ids": [example["id"] for example in questions.examples],
+        "tuning_ids": [example["id"] for example in tuning.examples],
+        "reads": reads,  # the question ids each tuning step read: tuning ones only
         "variants": variants,
         "int8_recipes": {name: asdict(recipe) for name, recipe in recipes.items()},
-        "tuned_on": tuned_on if tuning is not None else None,  # also what calibrated the static scales
-        "left_out_recipes": left_out,
+        "tuned_on": tuning.source,  # also what calibrated the static scales
         "left_out_targets": left_out_targets,
         "rejected": sorted(name for name in variants if variants[name]["verdict"] == "rejected"),
         "not_shipped": sorted(name for name in variants if not variants[name]["passed"]),
@@ -304,19 +350,32 @@ def search(onnx_dir: Path, data_dir: Path, out_dir: Path, cfg: PipelineConfig, q
     }
 
 
+def openvino_missing() -> str | None:
+    """Why the x86 target cannot be built on this machine at all (a package not installed), or None."""
+    import importlib.util
+
+    absent = [name for name in ("openvino", "nncf") if importlib.util.find_spec(name) is None]
+    return f"not installed: {', '.join(absent)} (pip install openvino nncf)" if absent else None
+
+
 def build_gate_and_time(onnx_dir: Path, out_dir: Path, cfg: PipelineConfig, settings: dict,
-                        recipes: dict[str, Int8Recipe], tuning: TuningQuestions | None, questions: GateQuestions,
-                        threads: int) -> tuple[dict, dict]:
-    """Build, tune, gate and time every variant into out_dir; returns the variants' records and the per-question
-    F1 of each (for the choice)."""
+                        recipes: dict[str, Int8Recipe], tuning: TuningQuestions, questions: GateQuestions,
+                        threads: int) -> tuple[dict, dict, dict]:
+    """Build, tune, gate and time every variant into out_dir; returns the variants' records (a variant that could
+    not be built or scored is a failure with its reason), the per-question F1 of each scored one (for the choice)
+    and the question ids the fallback read."""
     gates, qcfg = cfg.export.gates, cfg.export.quantize
-    names, fallbacks, untuned = build_and_tune(onnx_dir, out_dir, cfg, settings, recipes, tuning)
+    names, fallbacks, untuned, failed = build_and_tune(onnx_dir, out_dir, cfg, settings, recipes, tuning)
     variants, f1_by_question, windows = {}, {}, None
     for name in names:
-        answerer = answering.QuestionAnswerer.with_squad_settings(
-            out_dir / name / MODEL_FILE, out_dir / name / "tokenizer.json", cfg.squad, threads=threads)
-        windows = answerer.windows(questions.examples) if windows is None else windows  # one tokenizer for all
-        predictions = answerer.predict(questions.examples, windows)
+        try:
+            answerer = answering.QuestionAnswerer.with_squad_settings(
+                out_dir / name / MODEL_FILE, out_dir / name / "tokenizer.json", cfg.squad, threads=threads)
+            windows = answerer.windows(questions.examples) if windows is None else windows  # one tokenizer for all
+            predictions = answerer.predict(questions.examples, windows)
+        except Exception as error:  # a graph the runtime cannot run: a failure, never shipped
+            failed[name] = failure_reason("scoring", error)
+            continue
         atomic_write_json(out_dir / name / "predictions.json", predictions)
         report = compressed_model_report(f"{out_dir}/{name}", predictions, questions.pytorch_predictions,
                                          questions.gold, questions.pytorch_f1, gates.min_answer_agreement,
@@ -333,7 +392,7 @@ def build_gate_and_time(onnx_dir: Path, out_dir: Path, cfg: PipelineConfig, sett
         }
     # Timed in turn in one process, each tuned recipe beside its graph before the fallback.
     paths = {name: out_dir / name / MODEL_FILE for name in variants}
-    paths.update({name + WITHOUT_FALLBACK: path for name, path in untuned.items()})
+    paths.update({name + WITHOUT_FALLBACK: path for name, path in untuned.items() if name in variants})
     vocab_size = read_json(onnx_dir / "fp32" / "config.json")["vocab_size"]
     timings = compare_latency(paths, cfg.squad.max_seq_length, vocab_size, threads=1, runs=qcfg.latency_runs)
     for name in variants:
@@ -342,7 +401,11 @@ def build_gate_and_time(onnx_dir: Path, out_dir: Path, cfg: PipelineConfig, sett
             cost = timings[name]["p50"] - timings[name + WITHOUT_FALLBACK]["p50"]
             variants[name]["fallback"]["latency_ms_without_fallback"] = timings[name + WITHOUT_FALLBACK]
             variants[name]["fallback"]["latency_cost_ms_p50"] = round(cost, 3)
+    for name, reason in failed.items():
+        variants[name] = {"path": None, "recipe": asdict(recipes[name]) if name in recipes else None,
+                          **failed_report(f"{out_dir}/{name}", reason)}
     shutil.rmtree(out_dir / "fp32-graphs", ignore_errors=True)  # intermediate graphs, not outputs
     shutil.rmtree(out_dir / "untuned", ignore_errors=True)
-    return variants, f1_by_question
-
+    reads = next(({f"fallback_{step}": ids for step, ids in record["reads"].items()}
+                  for record in fallbacks.values() if "reads" in record), {})
+    return variants, f1_by_question, reads

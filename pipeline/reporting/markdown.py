@@ -8,14 +8,13 @@ from pipeline.reporting.formatting import fmt
 
 def gated_questions(rows: list[dict], dev_questions: int | None) -> str:
     """The dev questions the gates scored, as the exports recorded them: the first export.gates.dev_questions, or
-    the whole dev set where it holds fewer (a user's small dev file)."""
+    fewer where the dev set is split with the int8 tuning (pipeline/export/dev_split.py)."""
     scored = " / ".join(str(n) for n in sorted({row["n_questions"] for row in rows if row.get("n_questions")}))
-    if dev_questions is None:
-        return f"{scored or 'all'} dev questions (the whole dev set)"
     if not scored or scored == str(dev_questions):
         return f"the first {dev_questions} dev questions (export.gates.dev_questions)"
-    return (f"{scored} dev questions (the whole dev set, which holds fewer than export.gates.dev_questions: "
-            f"{dev_questions})")
+    return (f"the first {scored} dev questions (a dev set smaller than export.gates.dev_questions "
+            f"{dev_questions or 'all'} plus the int8 tuning questions is split between them: quantize.json's "
+            "dev_split)")
 
 
 def gate_cell(gate: dict | None) -> str:
@@ -49,14 +48,15 @@ def gate_section(rows: list[dict], cfg: PipelineConfig) -> list[str]:
              "(with the dev questions that would decide it, at the measured spread). A rejected variant is left out "
              "of the bundle and of the full-size int8 search; an unproven one "
              + ("is left out too (export.gates.strict ships proven variants only)." if gates.strict
-                else "ships, marked unproven (export.gates.strict ships proven variants only)."), "",
+                else "ships, marked unproven (export.gates.strict ships proven variants only).")
+             + " A variant with no verdict (its build or scoring failed) is a failure and never ships.", "",
              "| model | variant | answer agreement | F1 drop | logit parity / answerer | verdict |",
              "|---|---|---|---|---|---|"]
     for row in rows:
         found = row["gates"]
         parity = "; ".join(filter(None, (gate_cell(found.get("max_abs_logit_diff")),
                                          gate_cell(found.get("torch_free_answer_agreement")))))
-        verdict = (row.get("verdict") or ("rejected" if row["passed"] is False else "passed"))
+        verdict = row.get("verdict") or "no verdict (not shipped)"
         verdict = f"**{verdict}**" if verdict == "rejected" else verdict
         if row.get("verdict") == "unproven" and row["passed"] is False:
             verdict += " (not shipped: strict)"
@@ -287,6 +287,21 @@ def javascript_note(summary_data: dict, cfg: PipelineConfig) -> list[str]:
     return ["", text]
 
 
+def bundle_lines(bundle: dict | None) -> list[str]:
+    """What the app bundle ships, and the one line saying why it holds no int8 graph when it does not."""
+    if not bundle:
+        return []
+    lines = ["## The app bundle", "", f"The app's model: `{bundle['onnx_model']}` ({bundle['onnx_variant']}). Shipped: "
+             + ", ".join(f"`{path}`" for path in bundle["shipped"]) + "."]
+    if bundle.get("int8_note"):
+        lines += ["", f"**No int8 graph**: {bundle['int8_note']}"]
+    for name, why in (bundle.get("rejected_why") or {}).items():
+        lines.append(f"- `{name}` left out: {why}")
+    if bundle.get("coreml_executed"):
+        lines += ["", f"CoreML: {bundle['coreml_executed']}."]
+    return lines + [""]
+
+
 def report_markdown(cfg: PipelineConfig, summary_data: dict, benchmark: dict, goal_rows: list[dict]) -> str:
     machine = summary_data["machine"]
     longest = max(cfg.benchmark.sequence_lengths)
@@ -317,12 +332,13 @@ def report_markdown(cfg: PipelineConfig, summary_data: dict, benchmark: dict, go
         lines += ["", f"Not exported (export.models): {', '.join(not_exported)}; trained and scored above only."]
     which = "the deployed model" if cfg.deploy.model else "the trained models"
     lines += ["", f"## Artifacts of {which}", "", artifact_table(summary_data["artifacts"], cfg), "",
-              "CoreML F1 is that of the PyTorch-side compressed proxy run in float16 ('pytorch-proxy'). "
+              "CoreML F1: the weights read back from each package, run in PyTorch at float16 ('pytorch-proxy'). "
               + ("PyTorch rows score the whole dev set; export rows score "
                  f"{gated_questions(summary_data['gates'], cfg.export.gates.dev_questions)}, on which the PyTorch "
                  "models score as in each export's export.json." if cfg.export.gates.dev_questions else ""),
               "",
               "![F1 vs size](f1_vs_size.png)", "", "![F1 vs latency](f1_vs_latency.png)", ""]
+    lines += bundle_lines(summary_data.get("bundle"))
     lines += gate_section(summary_data["gates"], cfg)
     if summary_data["full_size"]:
         lines += ["## Full-size architectures (random weights: sizes and speed only)", "",

@@ -92,37 +92,49 @@ def summary(cfg: PipelineConfig, root: Path, benchmark: dict) -> dict:
         "peers": peer_comparison(benchmark, cfg),
         "profiles": benchmark.get("profiles") or {},  # per operator at the longest length, 1 thread
         "gates": gate_verdicts(root, cfg),
+        "bundle": bundle_contents(root),
         "skipped_timings": benchmark.get("skipped_timings", []),
     }
 
 
+def bundle_contents(root: Path) -> dict:
+    """What the bundle shipped and, when it ships no int8 graph, the one line that says why (int8_note)."""
+    bundle = read_json(root / "bundle" / "metrics.json")
+    return {key: bundle.get(key) for key in ("onnx_model", "onnx_variant", "int8_note", "shipped", "rejected_why",
+                                             "coreml_executed")}
+
+
 def gate_verdicts(root: Path, cfg: PipelineConfig) -> list[dict]:
     """Every export variant's gate verdicts (value, 95 % interval, threshold, passed), read from export.json,
-    quantize.json and coreml.json, and whether the bundle ships it."""
+    quantize.json and coreml.json, and whether the bundle ships it (its metrics.json: what it shipped after its
+    own re-gate). A variant with no verdict counts as not passed."""
     shipped_model = bundled_model(cfg)
+    bundle = read_json(root / "bundle" / "metrics.json")
+    shipped_int8 = bundle["onnx_variant"] if bundle["onnx_model"] == "model.int8.onnx" else None
+    shipped_openvino = any(path.startswith("openvino/") for path in bundle["shipped"])
+    shipped_coreml = set(bundle["coreml_size_mb"])
     rows = []
     for model in exported_models(cfg):
         export = read_json(root / "onnx" / model / "export.json")
         for graph in ("fp32", "optimized"):
             rows.append({"model": model, "variant": f"onnx-{graph}", "gates": export[graph].get("gates", {}),
-                         "passed": export[graph].get("passed", True), "verdict": export[graph].get("verdict"),
-                         "shipped": False,
+                         "passed": export[graph].get("passed") is True, "verdict": export[graph].get("verdict"),
+                         "shipped": model == shipped_model and graph == "fp32",
                          "n_questions": export.get("n_questions")})
         quantized = read_json(root / "quantized" / model / "quantize.json")
         for name, variant in quantized["variants"].items():
             openvino = variant.get("runtime") == "openvino"  # the x86 target: bundled in openvino/ when it passes
             rows.append({"model": model, "variant": name if openvino else f"onnx-{name}", "gates": variant["gates"],
-                         "passed": variant["passed"], "verdict": variant.get("verdict"),
+                         "passed": variant["passed"] is True, "verdict": variant.get("verdict"),
                          "fell_back": variant.get("fallback", {}).get("fell_back", []),
-                         "shipped": model == shipped_model and (variant["passed"] if openvino
-                                                                else name == quantized["bundle_choice"]),
+                         "shipped": model == shipped_model and (shipped_openvino if openvino else name == shipped_int8),
                          "n_questions": quantized.get("n_questions")})
         coreml = read_json(root / "coreml" / model / "coreml.json")
         for name, package in coreml["packages"].items():
             dev = package.get("dev") or {}
             rows.append({"model": model, "variant": f"coreml-{name}", "gates": dev.get("gates", {}),
-                         "passed": dev.get("passed", True), "verdict": dev.get("verdict"),
-                         "shipped": model == shipped_model and dev.get("passed") is not False,
+                         "passed": dev.get("passed") is True, "verdict": dev.get("verdict"),
+                         "shipped": model == shipped_model and name in shipped_coreml,
                          "n_questions": coreml.get("n_questions") if dev else None})
     return rows
 

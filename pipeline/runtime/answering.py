@@ -5,7 +5,8 @@ This module is the specification an app port (Swift, Kotlin, JavaScript) follows
   1. Tokenize question and context as a pair with the bundle's tokenizer.json: question first, the context
      truncated into overlapping windows of `max_seq_length` tokens that share `doc_stride` tokens.
   2. Keep, per window, the character offsets of its context tokens (other tokens: none).
-  3. Pad the windows to one length with the pad id, mask = 1 on real tokens, run the ONNX graph in batches.
+  3. Run the ONNX graph on one question's windows at a time (never batched with another question's), padded
+     with the pad id to the longest of them, mask = 1 on real tokens (question_batches: why).
   4. In every window take the `n_best_size` best start and end positions; keep pairs that both lie in the
      context, end >= start and span at most `max_answer_length` tokens; score = start logit + end logit.
   5. The best pair over all windows is the answer; its text is cut from the original context by character
@@ -196,16 +197,30 @@ class QuestionAnswerer:
                 "n_best": candidates[:n_best]}
 
 
+def question_batches(windows: Windows, batch_size: int) -> list[slice]:
+    """Row ranges of the model calls: each question's own windows (consecutive rows), up to batch_size a call,
+    never another question's. A dynamic int8 graph computes its activation scales over the whole input, so a
+    window batched with other questions' windows (or padded to their length) would get an answer that depends on
+    them; this way a question's logits are the same alone, first, last or among others, and the gates score the
+    computation an app answering one question runs."""
+    batches, begin = [], 0
+    for row in range(1, len(windows) + 1):
+        if row == len(windows) or windows.example_ids[row] != windows.example_ids[begin] or row - begin == batch_size:
+            batches.append(slice(begin, row))
+            begin = row
+    return batches
+
+
 def window_logits(session, windows: Windows, batch_size: int = 16) -> tuple[np.ndarray, np.ndarray]:
-    """Start and end logits [windows, max_seq_length]; positions past a batch's longest window get -1e4."""
+    """Start and end logits [windows, max_seq_length], one question's windows a call (question_batches), each
+    call padded to its longest window; positions past it get -1e4."""
     input_types = {i.name: NUMPY_DTYPES.get(i.type, np.int64) for i in session.get_inputs()}
     arrays = {"input_ids": windows.input_ids, "attention_mask": windows.attention_mask,
               "token_type_ids": windows.token_type_ids}
     starts = np.full(windows.input_ids.shape, -1e4, dtype=np.float32)
     ends = np.full(windows.input_ids.shape, -1e4, dtype=np.float32)
-    for begin in range(0, len(windows), batch_size):
-        rows = slice(begin, begin + batch_size)
-        # Run only up to the batch's longest window: padding costs compute and changes nothing.
+    for rows in question_batches(windows, batch_size):
+        # Run only up to the longest window of the call: padding costs compute.
         length = int(windows.attention_mask[rows].sum(axis=1).max())
         feed = {name: arrays[name][rows, :length].astype(dtype) for name, dtype in input_types.items()}
         start_logits, end_logits = session.run(["start_logits", "end_logits"], feed)

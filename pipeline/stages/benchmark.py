@@ -115,8 +115,9 @@ def trained_artifacts(root: Path, cfg: PipelineConfig) -> list[dict]:
     bundle = read_json(root / "bundle" / "metrics.json")
     bundled = bundled_model(cfg)
     max_positions, vocab_size = model_shape(root / exported_models(cfg)[bundled] / "config.json")
-    items.append(artifact_entry(f"{bundled}/ort-int8", bundled, "ort", bundle["onnx_variant"],
-                                root / "bundle" / "model.int8.ort", bundle, "onnxruntime", max_positions=max_positions,
+    precision = "int8" if bundle["onnx_model"] == "model.int8.onnx" else "fp32"  # fp32: no int8 passed its gates
+    items.append(artifact_entry(f"{bundled}/ort-{precision}", bundled, "ort", bundle["onnx_variant"],
+                                root / "bundle" / bundle["ort_model"], bundle, "onnxruntime", max_positions=max_positions,
                                 vocab_size=vocab_size))
     return items
 

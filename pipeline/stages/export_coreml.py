@@ -43,7 +43,7 @@ def run(cfg: PipelineConfig, model_dir: Path, data_dir: Path | None, out_dir: Pa
     check_lengths(ccfg, load_wrapped(model_dir, mask_input).model.config.max_position_embeddings, str(model_dir))
     dev = features = gold = pytorch_predictions = pytorch_f1 = None
     if data_dir is not None:
-        questions = gate_questions(data_dir, model_dir, gates.dev_questions)
+        questions = gate_questions(data_dir, model_dir, cfg)
         dev, gold = questions.records, questions.gold
         # once for all
         features = qa_windows.validation_windows(dev, AutoTokenizer.from_pretrained(model_dir), cfg.squad)

@@ -43,7 +43,7 @@ def run(cfg: PipelineConfig, model_dir: Path, data_dir: Path, out_dir: Path) -> 
     gates = cfg.export.gates
     model = AutoModelForQuestionAnswering.from_pretrained(model_dir).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    questions = gate_questions(data_dir, model_dir, gates.dev_questions)
+    questions = gate_questions(data_dir, model_dir, cfg)
     dev = questions.records
     features = qa_windows.validation_windows(dev, tokenizer, cfg.squad)
     torch_start, torch_end = qa_windows.predict_window_logits(model, features, cfg.squad.eval_batch_size,

@@ -20,6 +20,8 @@ import datasets
 from pipeline.data import synthetic
 from pipeline.data.corpus_writer import GENERATED_CORPUS_FILE, corpus_source, iter_documents
 from pipeline.data.squad_loading import DataError, load_squad
+from pipeline.export.dev_split import dev_source as dev_set_name
+from pipeline.export.dev_split import split_for
 from pipeline.outputs.artifacts import atomic_write_json
 from pipeline.outputs.manifests import atomic_output_dir
 from pipeline.plan.config import ConfigError, PipelineConfig
@@ -111,6 +113,7 @@ def run(cfg: PipelineConfig, out_dir: Path) -> dict:
             train = train.select(range(min(cfg.data.max_train_examples, len(train))))
         if cfg.data.max_dev_examples:
             dev = dev.select(range(min(cfg.data.max_dev_examples, len(dev))))
+        split = split_for(dev["context"], cfg, dev_set_name(cfg))  # refused here when too small, naming the key
         n_corpus_documents = write_generated_corpus(cfg, synthetic_dir, train, tmp)
         write_jsonl(train, tmp / "train.jsonl")
         write_jsonl(dev, tmp / "dev.jsonl")
@@ -126,6 +129,7 @@ def run(cfg: PipelineConfig, out_dir: Path) -> dict:
             "corpus_source": cfg.data.corpus,
             "n_corpus_documents_generated": n_corpus_documents,
             "synthetic_world": world_stats,
+            "dev_split": split.record(),
         }
         atomic_write_json(tmp / "metrics.json", metrics)
     logger.info("prepare_data: %s", json.dumps(metrics))
@@ -148,10 +152,11 @@ def run_for_deploy(cfg: PipelineConfig, out_dir: Path) -> dict:
             raise DataError(f"{key}: {error}") from None
         if cfg.data.max_dev_examples:
             dev = dev.select(range(min(cfg.data.max_dev_examples, len(dev))))
+        split = split_for(dev["context"], cfg, f"{key} {configured}")  # refused here when too small, naming the key
         write_jsonl(dev, tmp / "dev.jsonl")
         (tmp / "dev.json").write_text(json.dumps(to_squad_v1_json(dev), ensure_ascii=False))
         metrics = {
-            "squad_source": configured, "dev_source_key": key, "deploy": True,
+            "squad_source": configured, "dev_source_key": key, "deploy": True, "dev_split": split.record(),
             "n_train_examples": 0, "n_dev_examples": len(dev),
             "n_dev_unanswerable_excluded": dev_report.n_unanswerable_excluded, "n_dev_skipped": dev_report.n_skipped,
             "corpus_source": None, "n_corpus_documents_generated": 0, "synthetic_world": world_stats,

@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 
 def run(cfg: PipelineConfig, onnx_dir: Path, model_dir: Path, data_dir: Path, out_dir: Path, threads: int = 1) -> dict:
     verify_input_dirs(onnx_dir, model_dir, data_dir)
-    questions = gate_questions(data_dir, model_dir, cfg.export.gates.dev_questions)
+    questions = gate_questions(data_dir, model_dir, cfg)
     with atomic_output_dir(out_dir, cfg) as tmp:
         metrics = search(onnx_dir, data_dir, tmp, cfg, questions, threads)
         atomic_write_json(tmp / "quantize.json", metrics)

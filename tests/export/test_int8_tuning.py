@@ -23,26 +23,19 @@ def student(exported_student):
     return exported_student
 
 
-def test_tuning_questions_are_never_the_gated_ones(student, tmp_path):
+def test_tuning_questions_are_held_out_dev_questions_never_gated_nor_trained_on(student):
     cfg, paths = student["cfg"], student["paths"]
-    tuning, source = int8_tuning.tuning_questions(paths["data"], student["root"] / "onnx_student", cfg)
-    assert "training questions" in source and len(tuning.examples) == min(cfg.export.quantize.tuning_questions,
-                                                                          len(tuning.examples))
-    gated = gate_questions(paths["data"], student["student"], cfg.export.gates.dev_questions)
-    assert not set(tuning.gold) & set(gated.gold)
-    # A deploy has no training set: the dev questions past the gated ones tune, and none of the gated
-    deploy_data = tmp_path / "data"
-    deploy_data.mkdir()
-    dev_lines = (paths["data"] / "dev.jsonl").read_text().splitlines()
-    (deploy_data / "dev.jsonl").write_text("\n".join(dev_lines) + "\n")
-    cfg = copy.deepcopy(cfg)
-    cfg.export.gates.dev_questions = len(dev_lines) // 2
-    tuning, source = int8_tuning.tuning_questions(deploy_data, student["root"] / "onnx_student", cfg)
-    first_gated = [json.loads(line)["id"] for line in dev_lines[: len(dev_lines) // 2]]
-    assert f"past the {len(dev_lines) // 2}" in source and not set(tuning.gold) & set(first_gated)
-    cfg.export.gates.dev_questions = len(dev_lines)
-    tuning, source = int8_tuning.tuning_questions(deploy_data, student["root"] / "onnx_student", cfg)
-    assert tuning is None and "no dev questions past" in source
+    tuning = int8_tuning.tuning_questions(paths["data"], student["root"] / "onnx_student", cfg)
+    gated = gate_questions(paths["data"], student["student"], cfg)
+    trained = {json.loads(line)["id"] for line in (paths["data"] / "train.jsonl").read_text().splitlines()}
+    dev = [json.loads(line) for line in (paths["data"] / "dev.jsonl").read_text().splitlines()]
+    assert tuning.gold and gated.gold and "held-out dev questions" in tuning.source
+    assert not set(tuning.gold) & set(gated.gold) and not set(tuning.gold) & trained
+    assert set(tuning.gold) <= {record["id"] for record in dev}
+    # no paragraph on both sides of the split
+    contexts = {record["id"]: record["context"] for record in dev}
+    assert not {contexts[qid] for qid in tuning.gold} & {contexts[qid] for qid in gated.gold}
+    assert gated.split.n_gated == len(gated.gold) and gated.split.n_tuning == len(tuning.gold)
 
 
 def test_one_layer_quantized_and_one_layer_kept(student, tmp_path):
@@ -74,22 +67,24 @@ def test_the_fallback_puts_the_most_sensitive_layers_back_in_fp32_and_times_what
     # The naive baseline and one dynamic per-channel recipe of the plain graph
     quantize.search_graphs, quantize.search_formats = ["plain"], ["qoperator"]
     quantize.search_per_channel, quantize.search_attention_int8 = [True], [False]
-    questions = gate_questions(paths["data"], student["student"], cfg.export.gates.dev_questions)
+    questions = gate_questions(paths["data"], student["student"], cfg)
     searched = int8_tuning.search(onnx_dir, paths["data"], tmp_path, cfg, questions, threads=1)
     variants = searched["variants"]
     recipes = {name: int8.Int8Recipe(**recipe) for name, recipe in searched["int8_recipes"].items()}
-    assert len(recipes) == 2 and "training questions" in searched["tuned_on"]
+    assert len(recipes) == 2 and "held-out dev questions" in searched["tuned_on"]
     tuned = [name for name, variant in variants.items() if variant["fallback"].get("sensitivity")]
     assert len(tuned) == 1  # fallback.recipes
     record = variants[tuned[0]]["fallback"]
     layers = int8_tuning.quantizable_layers(onnx_dir / "fp32" / "model.onnx", recipes[tuned[0]])
     assert list(record["sensitivity"]) == sorted(layers, key=lambda layer: -record["sensitivity"][layer])
     assert [step["layer"] for step in record["steps"]] == list(record["sensitivity"])[:2]  # most sensitive first
-    # The graph kept is the step with the smallest tuning drop, and its fallen-back layers are fp32 in it
+    # No step's tuning interval lies within the target: the step kept is the one closest to fp32 by the label-free
+    # divergence over every tuning window (not the luckiest F1), and its fallen-back layers are fp32 in it
     kept = record["fell_back"]
     assert kept == list(record["sensitivity"])[:len(kept)]
-    best = min([record["before"]["f1_drop"]] + [step["f1_drop"] for step in record["steps"]])
-    assert record["after"]["f1_drop"] == best and record["reached_target"] is False
+    closest = min([record["before"]["divergence"]] + [step["divergence"] for step in record["steps"]])
+    assert record["after"]["divergence"] == closest and record["reached_target"] is False
+    assert all(len(step["f1_drop_interval"]) == 2 for step in record["steps"]) and "interval" in record["stopping_rule"]
     graph = {node.name: node for node in onnx.load(str(onnx_dir / "fp32" / "model.onnx")).graph.node}
     quantized_inputs = quantized_op_inputs(tmp_path / tuned[0] / "model.onnx")
     for layer in kept:
@@ -99,3 +94,10 @@ def test_the_fallback_puts_the_most_sensitive_layers_back_in_fp32_and_times_what
     assert all(variants[name]["fallback"]["fell_back"] == [] for name in others)
     assert all(v["verdict"] for v in variants.values()) and searched["bundle_choice"] in variants
     assert not (tmp_path / "untuned").exists() and not (tmp_path / "fp32-graphs").exists()
+    # Every tuning step read tuning questions only: never a gated one
+    tuning_ids, gated_ids = set(searched["tuning_ids"]), set(searched["gated_ids"])
+    assert gated_ids == set(questions.gold) and not tuning_ids & gated_ids
+    assert set(searched["reads"]) == {"static_calibration", "fallback_sensitivity", "fallback_scoring"}
+    for step, ids in searched["reads"].items():
+        assert ids and set(ids) <= tuning_ids, step
+    assert set(searched["reads"]["fallback_scoring"]) == tuning_ids

@@ -5,7 +5,8 @@
 //   1. Tokenize question and context; cut the context into windows of max_seq_length tokens
 //      ([CLS] question [SEP] context part [SEP]) that overlap by doc_stride tokens.
 //   2. Keep, per window, the character offsets of its context tokens (other positions: null).
-//   3. Pad the windows, run them through the ONNX model in batches, each batch cut to its longest window.
+//   3. Run the ONNX model on one question's windows at a time (never with another question's), padded to the
+//      longest of them: a dynamic int8 graph's activation scales span the whole input (questionBatches).
 //   4-5. n-best spans per window (squad.js), the best over all windows; the text is cut from the context.
 // Answers carry two pairs of offsets into the context: start/end in UTF-16 units (JavaScript string indices)
 // and startCodePoint/endCodePoint in code points (Python str indices, as pipeline/runtime/answering.py's start/end).
@@ -23,7 +24,24 @@ export class BundleError extends Error {
 const QA_CONFIG_KEYS = ["max_seq_length", "doc_stride", "n_best_size", "max_answer_length", "tokenizer", "onnx"];
 const MODEL_INPUTS = new Set(["input_ids", "attention_mask", "token_type_ids"]);
 const SPECIAL_TOKENS_IN_PAIR = 3; // [CLS] question [SEP] context [SEP]
-const PADDED_LOGIT = -1e4; // logits past a batch's longest window, as in the Python answerer
+const PADDED_LOGIT = -1e4; // logits past a call's longest window, as in the Python answerer
+
+/**
+ * [begin, end) row ranges of the model calls: each question's own consecutive windows, up to batchSize a call.
+ * A dynamic int8 graph computes its activation scales over the whole input, so batching a question with another
+ * question's windows would change its answer; pipeline/runtime/answering.py question_batches is the same rule.
+ */
+export function questionBatches(windows, batchSize) {
+  const batches = [];
+  let begin = 0;
+  for (let row = 1; row <= windows.length; row += 1) {
+    if (row === windows.length || windows[row].exampleId !== windows[begin].exampleId || row - begin === batchSize) {
+      batches.push([begin, row]);
+      begin = row;
+    }
+  }
+  return batches;
+}
 
 /** Parse and check qa_config.json; `source` names the file in errors. */
 export function parseQaConfig(text, source = "qa_config.json") {
@@ -155,12 +173,15 @@ export class QuestionAnswerer {
 
   // -------------------------------------------------------------------------------------- 3: the model
 
-  /** Start and end logits per window (Float32Array of max_seq_length; past a batch's longest window: -1e4). */
+  /**
+   * Start and end logits per window (Float32Array of max_seq_length; past the call's longest window: -1e4), one
+   * question's windows a call (questionBatches), as the Python answerer runs them.
+   */
   async windowLogits(windows) {
     const results = [];
-    for (let begin = 0; begin < windows.length; begin += this.batchSize) {
-      const batch = windows.slice(begin, begin + this.batchSize);
-      // Run only up to the batch's longest window: padding costs compute and changes nothing.
+    for (const [begin, end] of questionBatches(windows, this.batchSize)) {
+      const batch = windows.slice(begin, end);
+      // Run only up to the longest window of the call: padding costs compute.
       const length = Math.max(...batch.map((window) => window.ids.length));
       const inputIds = new BigInt64Array(batch.length * length).fill(BigInt(this.tokenizer.padId));
       const attentionMask = new BigInt64Array(batch.length * length);

@@ -1,7 +1,7 @@
 // Windows, batching and n-best search of the client on a stand-in session that returns chosen logits.
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { BundleError, QuestionAnswerer, parseQaConfig } from "../src/answerer.js";
+import { BundleError, QuestionAnswerer, parseQaConfig, questionBatches } from "../src/answerer.js";
 import { nBestAnswers, topPositions } from "../src/squad.js";
 import { BertTokenizer, TokenizerError, codePointSlice, utf16IndexOfCodePoints } from "../src/tokenizer.js";
 
@@ -59,6 +59,21 @@ test("windows run in batches cut to their longest window; the answer is cut from
   const short = await answerer.answer("who?", "w7 w8");
   assert.equal(short.answer, "w7 w8");
   assert.deepEqual(session.calls.at(-1), [1, 7]);
+});
+
+test("each model call holds one question's windows only, never another question's", async () => {
+  const session = fakeSession("w1", "w2");
+  const answerer = new QuestionAnswerer({ Tensor }, session, tokenizer, SETTINGS, 16);
+  const examples = [
+    { id: "a", question: "who?", context: "w0 w1 w2 w3 w4" },
+    { id: "b", question: "who?", context: "w1 w2" },
+    { id: "c", question: "who?", context: "w0 w1 w2 w3" },
+  ];
+  await answerer.predict(examples);
+  // a: 3 windows of 8; b: 1 window of 7; c: 2 windows of 8: three calls, each padded to its own longest window.
+  assert.deepEqual(session.calls, [[3, 8], [1, 7], [2, 8]]);
+  const windows = [0, 0, 0, 1, 2, 2].map((id) => ({ exampleId: String(id) }));
+  assert.deepEqual(questionBatches(windows, 2), [[0, 2], [2, 3], [3, 4], [4, 6]]);
 });
 
 test("a graph that takes token_type_ids (BERT, ELECTRA, MobileBERT) is fed the windows' token types; one that does not (DistilBERT) is not", async () => {

@@ -234,6 +234,9 @@ export declare class QuestionAnswerer {
   answer(question: string, context: string, nBest?: number): Promise<Answer>;
 }
 
+/** [begin, end) window rows of each model call: one question's consecutive windows, up to batchSize a call. */
+export declare function questionBatches(windows: readonly { exampleId: string }[], batchSize: number): [number, number][];
+
 /** Parse and check qa_config.json text; `source` names the file in errors. */
 export declare function parseQaConfig(text: string, source?: string): QaConfig;
 

@@ -411,7 +411,7 @@ class QuantizeConfig:
     search_formats: list[Literal["qoperator", "qdq"]] = option(
         ["qoperator", "qdq"],
         "qoperator: dynamic quantization (activation scales computed per run); qdq: static QuantizeLinear/"
-        "DequantizeLinear pairs with activation scales calibrated on training windows (not on the fused graph).",
+        "DequantizeLinear pairs with activation scales calibrated on tuning windows (not on the fused graph).",
     )
     search_per_channel: list[bool] = option([False, True], "Weight scale granularities searched (false: per tensor).")
     search_attention_int8: list[bool] = option(
@@ -422,8 +422,8 @@ class QuantizeConfig:
     calibration_windows: int = option(16, "Tuning windows that calibrate the static (qdq) activation scales.",
                                       minimum=1)
     tuning_questions: int = option(
-        200, "Questions the gates never score that calibrate the static scales and drive the fallback: the first "
-        "training questions, or in a deploy the dev questions past export.gates.dev_questions.", minimum=1,
+        200, "Dev questions the gates never score that calibrate the static scales and drive the layer fallback: "
+        "the ones after export.gates.dev_questions (a smaller dev set: export.gates.tuning_share of it).", minimum=1,
     )
     fallback: FallbackConfig = section(FallbackConfig, "Accuracy-aware int8: layers that fall back to fp32.")
     latency_runs: int = option(
@@ -485,13 +485,16 @@ class CoreMLConfig:
 
 @dataclass
 class GatesConfig:
-    """What every export must reach before it ships. Each variant's verdict is recorded; one that misses a gate is
-    left out of the bundle and the int8 search, and the run stops only when the bundle has nothing of a format it
-    ships (or with `strict`). A noisy measure is judged by its 95 % interval: missed only when the whole interval
-    is on the wrong side of the threshold."""
+    """What every export must reach before it ships (pipeline/export/gates.py). Each variant gets one of three
+    verdicts: rejected when a measure's point estimate is past its threshold (never shipped, whatever its
+    interval); proven when the measure's whole 95 % interval is on the right side; unproven in between (shipped
+    and marked, with the dev questions that would decide it). A variant with no verdict (its build or scoring
+    failed, or it was never scored) is a failure and never ships. The bundle always holds the fp32 ONNX graph
+    and each compressed variant that ships; the run stops only when the fp32 graph misses its parity gate."""
 
     strict: bool = option(
-        False, "Stop the run at the first variant that misses a gate (for CI-like builds), instead of rejecting it.",
+        False, "Ship proven variants only (unproven ones are left out, as rejected ones always are), and stop the "
+        "export_onnx rule when an fp32 graph misses its parity gate.",
     )
     max_abs_logit_diff: float = option(
         1e-4, "fp32 and optimized ONNX vs PyTorch: largest |start/end logit difference| on dev windows.",
@@ -513,9 +516,19 @@ class GatesConfig:
     )
     dev_questions: int | None = option(
         1000,
-        "Exports are scored and gated on the first N dev questions (null: all), against PyTorch's answers on the "
-        "same questions: agreement near 0.96 on 1000 questions has a binomial standard error of 0.006, and every "
-        "export variant is scored (the training stages score the whole dev set).", minimum=1,
+        "Exports are gated on the first N dev questions (null: all but the tuning share), against PyTorch's answers "
+        "on the same questions: agreement near 0.96 on 1000 questions has a binomial standard error of 0.006. The "
+        "int8 search tunes on the export.quantize.tuning_questions after them; a dev set with fewer questions is "
+        "split by tuning_share (pipeline/export/dev_split.py).", minimum=1,
+    )
+    tuning_share: float = option(
+        0.5, "When the dev set holds fewer than dev_questions + export.quantize.tuning_questions questions: the "
+        "share of it that tunes the int8 search (the rest is gated), cut at a paragraph boundary.",
+        exclusiveMinimum=0.0, maximum=0.9,
+    )
+    min_split_questions: int = option(
+        20, "Fewest questions on each side of the split (gated, tuning): a dev set with fewer than twice this many "
+        "answerable questions is refused, naming it.", minimum=1,
     )
 
 
