@@ -1,8 +1,8 @@
 """Training stages under torchrun (tests/distributed_runs.py, run once per test run):
 2 CPU processes (PyTorch DDP on gloo) of distill_pretrain on configs/test.yaml, packed and with gradient
-accumulation, learn like one process with the same tokens per step, every rank returns from training, and a
-2-process run killed with SIGKILL resumes to the very same weights on two "nodes": two launchers that meet at a
-c10d endpoint, each reading the corpus from its own disk."""
+accumulation, learn like one process with the same tokens per step, end with one model on both ranks, every rank
+returns from training, and a 2-process run killed with SIGKILL resumes to the very same weights on two "nodes": two
+launchers that meet at a c10d endpoint, each reading the corpus from its own disk."""
 
 import json
 from pathlib import Path
@@ -50,6 +50,14 @@ def test_two_processes_learn_like_one_with_the_same_effective_batch(distributed_
     assert log["effective_batch_size"] == 32 and log["tokens_per_second"] > 0
     # Only rank 0 wrote: one output folder, no leftovers of another rank's atomic writes.
     assert sorted(p.name for p in (root / "two").iterdir()) == ["out", "work"]
+
+
+def test_both_ranks_end_with_the_same_parameters(distributed_runs):
+    # Each rank trains on its own batches: only DDP's gradient all-reduce keeps their models one model.
+    for name in ("two", "killed"):
+        digests = distributed_runs.metrics[name]["parameter_digests_by_rank"]
+        assert len(digests) == 2 and digests[0] == digests[1], (name, digests)
+    assert len(distributed_runs.metrics["one"]["parameter_digests_by_rank"]) == 1
 
 
 def test_a_run_killed_with_sigkill_resumes_on_two_nodes_to_the_same_weights(distributed_runs):

@@ -47,7 +47,9 @@ from pipeline.training.batching import (
     micro_batch_loss_scale, planned_token_weights, rank_batches, to_device,
 )
 from pipeline.training.checkpoints import find_and_load_checkpoint, truncate_log_after, save_checkpoint
-from pipeline.training.processes import all_ranks_sum, all_ranks_sum_tensors, process_group_from_env, wrap_for_processes
+from pipeline.training.processes import (
+    all_ranks_parameter_digests, all_ranks_sum, all_ranks_sum_tensors, process_group_from_env, wrap_for_processes,
+)
 from pipeline.training.run_settings import mixed_precision, peak_memory_mib, seed_everything
 
 logger = logging.getLogger(__name__)
@@ -69,6 +71,7 @@ class TrainResult:
     effective_batch_size: int = 0
     mixed_precision: str = "no"
     first_step_seconds: float = 0.0
+    parameter_digests: tuple[str, ...] = ()  # each rank's trained parameters (processes.parameter_digest), by rank
 
     def as_metrics(self) -> dict[str, Any]:
         return {
@@ -85,6 +88,8 @@ class TrainResult:
             "device": self.device,
             # From the process's start to the end of the first optimizer step: model and data loading included.
             "first_step_seconds": round(self.first_step_seconds, 3),
+            # Equal on every rank: DDP kept the processes' models one model.
+            "parameter_digests_by_rank": list(self.parameter_digests),
         }
 
 
@@ -240,6 +245,9 @@ def train(
 
     train_seconds = time.perf_counter() - run_start
     total_tokens = int(all_ranks_sum([total_tokens], group, device)[0])  # a collective: every rank is done here
+    digests = all_ranks_parameter_digests(module, group, device)
+    if len(set(digests)) > 1:
+        logger.warning("%s: the ranks ended with different parameters (digests by rank %s)", description, digests)
     if group.is_main:
         # Checkpoints exist to survive a crash; the finished run's outputs replace them (optimizer states are large).
         shutil.rmtree(checkpoint_dir, ignore_errors=True)
@@ -256,6 +264,7 @@ def train(
         effective_batch_size=effective_batch,
         mixed_precision=precision,
         first_step_seconds=first_step_seconds,
+        parameter_digests=tuple(digests),
     )
     if group.distributed and final:
         # The DDP wrapper (its reducer holds the process group) goes first: a gloo group destroyed while the

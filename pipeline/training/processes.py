@@ -1,9 +1,10 @@
 """This process's place among a launcher's processes and what the processes share: the rank, the death of the
-launcher, DDP around the loss computation, sums over ranks, barriers.
+launcher, DDP around the loss computation, sums over ranks, the ranks' parameter digests, barriers.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import sys
@@ -108,6 +109,27 @@ def all_ranks_sum_tensors(
     if group.distributed:
         torch.distributed.all_reduce(stacked, op=torch.distributed.ReduceOp.SUM)
     return stacked.tolist()
+
+
+def parameter_digest(module: torch.nn.Module) -> str:
+    """The first 64 bits of the sha256 of every parameter's name and bytes, in the module's order, as hex."""
+    digest = hashlib.sha256()
+    for name, parameter in module.named_parameters():
+        digest.update(name.encode())
+        digest.update(parameter.detach().reshape(-1).contiguous().cpu().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def all_ranks_parameter_digests(module: torch.nn.Module, group: ProcessGroup, device: torch.device) -> list[str]:
+    """Every rank's parameter_digest, by rank (a collective). DDP keeps the ranks' parameters bit for bit equal
+    (each applies the same all-reduced gradients); ranks that trained apart differ."""
+    own = parameter_digest(module)
+    if not group.distributed:
+        return [own]
+    local = torch.tensor([int(own, 16) - 2**63], dtype=torch.int64, device=device)  # 64 bits in an int64
+    gathered = [torch.empty_like(local) for _ in range(group.world_size)]
+    torch.distributed.all_gather(gathered, local)
+    return [f"{int(value.item()) + 2**63:016x}" for value in gathered]
 
 
 def barrier(group: ProcessGroup) -> None:

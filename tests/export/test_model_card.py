@@ -74,6 +74,17 @@ def test_the_bundle_card_keeps_the_app_readme_and_names_what_it_was_exported_fro
     assert f"- exported from: {student} (DistilBERT)" in card.text
 
 
+def test_the_bundle_card_scores_the_shipped_graph_not_the_pytorch_model_it_came_from(tmp_path):
+    # An int8 graph whose answers differ from PyTorch's: the card's F1 is the graph's (bundle metrics' f1).
+    metrics = {"exact_match": 78.0, "f1": 84.25, "pytorch_f1": 91.5, "n_questions": 100, "onnx_variant": "int8",
+               "onnx_decided_by": "latency"}
+    student = model_folder(tmp_path, "distill_squad")
+    (student / "config.json").write_text('{"model_type": "distilbert"}')
+    card = ModelCard(str(model_card.bundle_card(tiny_config(), metrics, "# Question-answering bundle\n",
+                                                student, data_dir(tmp_path))))
+    assert scores(card) == {"exact_match": 78.0, "f1": 84.25}  # not the PyTorch model's 91.5
+
+
 def test_an_evaluated_only_teacher_claims_no_license_and_no_training(tmp_path):
     cfg = tiny_config(teacher={"pretrained_qa": "deepset/bert-base-uncased-squad2"})
     metrics = {**QA_METRICS, "fine_tuned_here": False}

@@ -1,6 +1,9 @@
-"""The torch-free answerer: its windows equal the training code's, token for token and offset for offset."""
+"""The torch-free answerer: its windows equal the training code's, token for token and offset for offset, and it
+answers on a bundle in a process where torch and transformers cannot be imported."""
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -10,6 +13,7 @@ from pipeline.data.squad_loading import load_squad
 from pipeline.plan.config import SquadConfig
 from pipeline.runtime import answering, squad
 from pipeline.stages import prepare_data, tokenizer
+from tests.conftest import PROJECT_ROOT
 from tests.stage_fixtures import tiny_config
 
 HARD_CONTEXTS = [
@@ -95,3 +99,37 @@ def test_question_files_are_validated_with_the_record_named(tmp_path):
         answering.read_questions(path)
     path.write_text(json.dumps({"data": [{"paragraphs": [{"context": "Me.", "qas": [{"id": "x", "question": "Who?"}]}]}]}))
     assert answering.read_questions(path) == [{"id": "x", "question": "Who?", "context": "Me."}]
+
+
+# An app's process: torch and transformers are not installed, so any import of them, at import time or inside a
+# function the answerer calls, fails. The finder goes in before the package is imported.
+WITHOUT_TORCH = """
+import importlib.abc, json, sys
+
+class NotInstalled(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in ("torch", "transformers"):
+            raise ModuleNotFoundError(f"No module named {name!r} (an app has no torch)", name=name)
+        return None
+
+sys.meta_path.insert(0, NotInstalled())
+from pipeline.runtime.answering import QuestionAnswerer
+
+bundle, question, context, examples = json.loads(sys.stdin.read())
+answerer = QuestionAnswerer.from_bundle(bundle, threads=1)
+print(json.dumps({"answer": answerer.answer(question, context), "predictions": answerer.predict(examples)}))
+"""
+
+
+def test_the_bundle_answers_in_a_process_without_torch_or_transformers(exported_student):
+    bundle = exported_student["bundle"]
+    lines = (exported_student["data"] / "dev.jsonl").read_text(encoding="utf-8").splitlines()[:6]
+    examples = [{key: record[key] for key in ("id", "question", "context")} for record in map(json.loads, lines)]
+    _, question, context = HARD_CONTEXTS[-1]  # several windows
+    result = subprocess.run([sys.executable, "-c", WITHOUT_TORCH], cwd=PROJECT_ROOT, capture_output=True, text=True,
+                            input=json.dumps([str(bundle), question, context, examples]), timeout=120)
+    assert result.returncode == 0, result.stderr
+    answered = json.loads(result.stdout)
+    answerer = answering.QuestionAnswerer.from_bundle(bundle, threads=1)  # this process has torch: the same answers
+    assert answered["answer"] == json.loads(json.dumps(answerer.answer(question, context)))
+    assert answered["predictions"] == answerer.predict(examples) and len(answered["predictions"]) == len(examples)

@@ -191,13 +191,28 @@ def test_metrics_round_and_report_throughput_per_process_too():
     result = TrainResult(steps=10, micro_batches=20, train_seconds=12.34567, tokens_per_second=1001.26,
                          final_terms={"loss": 0.1234567, "kd": 2.0}, peak_memory_mib=512.36, resumed_from_step=4,
                          device="cpu", processes=2, effective_batch_size=32, mixed_precision="bf16",
-                         first_step_seconds=3.14159)
+                         first_step_seconds=3.14159, parameter_digests=("0123456789abcdef", "0123456789abcdef"))
     assert result.as_metrics() == {
         "steps": 10, "train_seconds": 12.346, "tokens_per_second": 1001.3, "tokens_per_second_per_process": 500.6,
         "processes": 2, "effective_batch_size": 32, "mixed_precision": "bf16",
         "final_loss_terms": {"loss": 0.123457, "kd": 2.0}, "peak_memory_mib": 512.4, "resumed_from_step": 4,
         "device": "cpu", "first_step_seconds": 3.142,
+        "parameter_digests_by_rank": ["0123456789abcdef", "0123456789abcdef"],
     }
+
+
+def test_the_parameter_digest_changes_with_the_least_change_of_one_weight_and_ends_the_run(tmp_path):
+    from pipeline.training.processes import parameter_digest
+
+    model, result = run_training(tmp_path, small_cfg(max_steps=2))
+    assert result.parameter_digests == (parameter_digest(model),)  # one process: its own digest
+    twin = TinyRegressor()
+    twin.load_state_dict(model.state_dict())
+    assert parameter_digest(twin) == parameter_digest(model)
+    with torch.no_grad():
+        weight = twin.layers[2].weight
+        weight[0, 3] = torch.nextafter(weight[0, 3], torch.tensor(float("inf")))  # one bit of one weight
+    assert parameter_digest(twin) != parameter_digest(model)
 
 
 def test_adamw_decays_matrices_only_and_takes_the_configured_settings():
