@@ -256,3 +256,64 @@ def test_a_bundle_with_a_modified_file_is_refused_by_name(small_bundle, tmp_path
     tokenizer.write_text(tokenizer.read_text().replace('"france"', '"franco"'))  # same size, other content
     completed = run_cli("answer", "--bundle", str(small_bundle), "--question", "Paris?", "--context", "Paris.")
     assert_one_line_error(completed, "tokenizer.json: sha256 differs from the manifest")
+
+
+@pytest.fixture
+def answering_bundle(small_bundle) -> Path:
+    """small_bundle with a model that loads and answers: a graph whose start and end logits are the token ids, so
+    the highest-id context token is the answer."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    inputs = [helper.make_tensor_value_info(name, TensorProto.INT64, ["batch", "sequence"])
+              for name in ("input_ids", "attention_mask", "token_type_ids")]
+    outputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", "sequence"])
+               for name in ("start_logits", "end_logits")]
+    nodes = [helper.make_node("Cast", ["input_ids"], [name], to=TensorProto.FLOAT)
+             for name in ("start_logits", "end_logits")]
+    graph = helper.make_graph(nodes, "token_ids_as_logits", inputs, outputs)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+              str(small_bundle / "model.int8.onnx"))
+    write_manifest(small_bundle)
+    return small_bundle
+
+
+def answer_with_questions(bundle: Path, tmp_path: Path, document) -> subprocess.CompletedProcess:
+    questions = tmp_path / "questions.json"
+    questions.write_text(json.dumps(document))
+    return run_cli_here("answer", "--bundle", str(bundle), "--json", str(questions), "--out",
+                        str(tmp_path / "answers.json"))
+
+
+def test_a_question_file_not_in_squad_layout_names_the_file_and_the_field(answering_bundle, tmp_path):
+    document = {"data": [{"paragraphs": [{"context": "Paris.", "qas": []}, {"context": "France.", "qas": 3}]}]}
+    completed = answer_with_questions(answering_bundle, tmp_path, document)
+    assert_one_line_error(completed, "questions.json: data[0].paragraphs[1].qas: expected a list, got a number")
+    assert not (tmp_path / "answers.json").exists()
+
+
+def test_a_blank_question_in_a_question_file_is_refused_by_its_id(answering_bundle, tmp_path):
+    good = {"id": "q1", "question": "Paris?", "context": "Paris. France."}
+    assert answer_with_questions(answering_bundle, tmp_path, [good]).returncode == 0  # the bundle answers
+    (tmp_path / "answers.json").unlink()
+    completed = answer_with_questions(answering_bundle, tmp_path, [good, {**good, "id": "q2", "question": "  "}])
+    assert_one_line_error(completed, "questions.json: question 'q2': the question is empty")
+    assert not (tmp_path / "answers.json").exists()
+
+
+@pytest.mark.parametrize("question, context, needle", [
+    ("", "Paris. France.", "error: the question is empty: there is nothing to answer"),
+    ("  \n", "Paris. France.", "error: the question is empty: there is nothing to answer"),
+    ("Paris?", " ", "error: the context is empty: there is nothing to answer"),
+], ids=["empty-question", "blank-question", "blank-context"])
+def test_an_empty_question_or_context_gets_an_error_not_an_answer(answering_bundle, question, context, needle):
+    from pipeline.runtime.answering import BundleError, QuestionAnswerer
+
+    answerer = QuestionAnswerer.from_bundle(answering_bundle)
+    assert answerer.answer("Paris?", "Paris France")["answer"] == "France"  # the bundle answers a real question
+    with pytest.raises(BundleError, match=needle.removeprefix("error: ")):
+        answerer.answer(question, context)
+    with pytest.raises(BundleError, match="question 'q7': the (question|context) is empty"):
+        answerer.n_best([{"id": "q7", "question": question, "context": context}])
+    completed = run_cli_here("answer", "--bundle", str(answering_bundle), "--question", question, "--context", context)
+    assert completed.stdout == "" and assert_one_line_error(completed) == needle
