@@ -10,6 +10,7 @@ import contextlib
 import io
 import json
 import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,10 +27,11 @@ from tests.dry_run import command_line_dry_run
 CONTEXT = "Paris is the capital of France. Lyon is the third city."  # "France" at 24
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    """`python -m pipeline ARGS` in a process of its own, as a Snakemake rule runs it."""
+def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`python -m pipeline ARGS` in a process of its own, as a Snakemake rule runs it (with `env` added to its
+    environment)."""
     return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=PROJECT_ROOT, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=300, env={**os.environ, **(env or {})})
 
 
 def run_cli_here(*args: str) -> subprocess.CompletedProcess:
@@ -171,6 +173,38 @@ def test_an_empty_corpus_names_the_file(tmp_path):
     completed = prepare_data(local_data_config(tmp_path, GOOD_QAS, corpus=str(corpus)), tmp_path / "out")
     assert_one_line_error(completed, "corpus.txt: the MLM corpus has no non-empty lines")
     assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------------------------------- hub, offline
+
+# The hub libraries read these when they are imported: each case runs in a process of its own, which fails at once
+# instead of retrying the network for half a minute.
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+HUB_MODEL = "distilbert-base-cased-distilled-squad"  # configs/deploy.yaml's deploy.model
+
+
+@pytest.mark.parametrize("config, needles", [
+    ({"deploy": {"model": HUB_MODEL}, "data": {"squad": "squad"}},
+     ["data.squad: hub dataset 'squad': not loaded (Couldn't reach 'squad' on the Hub",
+      "offline, give a local SQuAD dev file instead (data.squad_dev: ./my-dev.json)"]),
+    ({"data": {"squad": "squad", "corpus": "squad_contexts"}},
+     ["data.squad: hub dataset 'squad': not loaded",
+      "offline, give local SQuAD files instead (data.squad: ./train.json and data.squad_dev: ./dev.json)"]),
+], ids=["deploy", "training"])
+def test_a_hub_dataset_offline_names_the_key_and_the_local_alternative(tmp_path, config, needles):
+    completed = run_cli("prepare-data", "--config-json", json.dumps(config), "--out-dir", str(tmp_path / "data"),
+                        env=OFFLINE)
+    assert_one_line_error(completed, *needles)
+    assert "Traceback" not in completed.stderr and not (tmp_path / "data").exists()
+
+
+def test_a_hub_model_offline_names_the_key_and_the_local_alternative(tmp_path):
+    config = {"deploy": {"model": HUB_MODEL}}
+    completed = run_cli("deploy-model", "--config-json", json.dumps(config), "--data-dir", str(tmp_path / "data"),
+                        "--out-dir", str(tmp_path / "deployed"), env=OFFLINE)
+    assert_one_line_error(completed, f"deploy.model {HUB_MODEL}: cannot read its config (",
+                          "offline, give a local save_pretrained folder instead (deploy.model: ./my-qa-model)")
+    assert "Traceback" not in completed.stderr and not (tmp_path / "deployed").exists()
 
 
 # ----------------------------------------------------------------------------------- checkpoints, models
