@@ -10,6 +10,7 @@ import contextlib
 import io
 import json
 import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,10 +27,11 @@ from tests.dry_run import command_line_dry_run
 CONTEXT = "Paris is the capital of France. Lyon is the third city."  # "France" at 24
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    """`python -m pipeline ARGS` in a process of its own, as a Snakemake rule runs it."""
+def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`python -m pipeline ARGS` in a process of its own, as a Snakemake rule runs it (with `env` added to its
+    environment)."""
     return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=PROJECT_ROOT, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=300, env={**os.environ, **(env or {})})
 
 
 def run_cli_here(*args: str) -> subprocess.CompletedProcess:
@@ -173,6 +175,38 @@ def test_an_empty_corpus_names_the_file(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+# ---------------------------------------------------------------------------------------- hub, offline
+
+# The hub libraries read these when they are imported: each case runs in a process of its own, which fails at once
+# instead of retrying the network for half a minute.
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+HUB_MODEL = "distilbert-base-cased-distilled-squad"  # configs/deploy.yaml's deploy.model
+
+
+@pytest.mark.parametrize("config, needles", [
+    ({"deploy": {"model": HUB_MODEL}, "data": {"squad": "squad"}},
+     ["data.squad: hub dataset 'squad': not loaded (Couldn't reach 'squad' on the Hub",
+      "offline, give a local SQuAD dev file instead (data.squad_dev: ./my-dev.json)"]),
+    ({"data": {"squad": "squad", "corpus": "squad_contexts"}},
+     ["data.squad: hub dataset 'squad': not loaded",
+      "offline, give local SQuAD files instead (data.squad: ./train.json and data.squad_dev: ./dev.json)"]),
+], ids=["deploy", "training"])
+def test_a_hub_dataset_offline_names_the_key_and_the_local_alternative(tmp_path, config, needles):
+    completed = run_cli("prepare-data", "--config-json", json.dumps(config), "--out-dir", str(tmp_path / "data"),
+                        env=OFFLINE)
+    assert_one_line_error(completed, *needles)
+    assert "Traceback" not in completed.stderr and not (tmp_path / "data").exists()
+
+
+def test_a_hub_model_offline_names_the_key_and_the_local_alternative(tmp_path):
+    config = {"deploy": {"model": HUB_MODEL}}
+    completed = run_cli("deploy-model", "--config-json", json.dumps(config), "--data-dir", str(tmp_path / "data"),
+                        "--out-dir", str(tmp_path / "deployed"), env=OFFLINE)
+    assert_one_line_error(completed, f"deploy.model {HUB_MODEL}: cannot read its config (",
+                          "offline, give a local save_pretrained folder instead (deploy.model: ./my-qa-model)")
+    assert "Traceback" not in completed.stderr and not (tmp_path / "deployed").exists()
+
+
 # ----------------------------------------------------------------------------------- checkpoints, models
 
 
@@ -256,3 +290,64 @@ def test_a_bundle_with_a_modified_file_is_refused_by_name(small_bundle, tmp_path
     tokenizer.write_text(tokenizer.read_text().replace('"france"', '"franco"'))  # same size, other content
     completed = run_cli("answer", "--bundle", str(small_bundle), "--question", "Paris?", "--context", "Paris.")
     assert_one_line_error(completed, "tokenizer.json: sha256 differs from the manifest")
+
+
+@pytest.fixture
+def answering_bundle(small_bundle) -> Path:
+    """small_bundle with a model that loads and answers: a graph whose start and end logits are the token ids, so
+    the highest-id context token is the answer."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    inputs = [helper.make_tensor_value_info(name, TensorProto.INT64, ["batch", "sequence"])
+              for name in ("input_ids", "attention_mask", "token_type_ids")]
+    outputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", "sequence"])
+               for name in ("start_logits", "end_logits")]
+    nodes = [helper.make_node("Cast", ["input_ids"], [name], to=TensorProto.FLOAT)
+             for name in ("start_logits", "end_logits")]
+    graph = helper.make_graph(nodes, "token_ids_as_logits", inputs, outputs)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+              str(small_bundle / "model.int8.onnx"))
+    write_manifest(small_bundle)
+    return small_bundle
+
+
+def answer_with_questions(bundle: Path, tmp_path: Path, document) -> subprocess.CompletedProcess:
+    questions = tmp_path / "questions.json"
+    questions.write_text(json.dumps(document))
+    return run_cli_here("answer", "--bundle", str(bundle), "--json", str(questions), "--out",
+                        str(tmp_path / "answers.json"))
+
+
+def test_a_question_file_not_in_squad_layout_names_the_file_and_the_field(answering_bundle, tmp_path):
+    document = {"data": [{"paragraphs": [{"context": "Paris.", "qas": []}, {"context": "France.", "qas": 3}]}]}
+    completed = answer_with_questions(answering_bundle, tmp_path, document)
+    assert_one_line_error(completed, "questions.json: data[0].paragraphs[1].qas: expected a list, got a number")
+    assert not (tmp_path / "answers.json").exists()
+
+
+def test_a_blank_question_in_a_question_file_is_refused_by_its_id(answering_bundle, tmp_path):
+    good = {"id": "q1", "question": "Paris?", "context": "Paris. France."}
+    assert answer_with_questions(answering_bundle, tmp_path, [good]).returncode == 0  # the bundle answers
+    (tmp_path / "answers.json").unlink()
+    completed = answer_with_questions(answering_bundle, tmp_path, [good, {**good, "id": "q2", "question": "  "}])
+    assert_one_line_error(completed, "questions.json: question 'q2': the question is empty")
+    assert not (tmp_path / "answers.json").exists()
+
+
+@pytest.mark.parametrize("question, context, needle", [
+    ("", "Paris. France.", "error: the question is empty: there is nothing to answer"),
+    ("  \n", "Paris. France.", "error: the question is empty: there is nothing to answer"),
+    ("Paris?", " ", "error: the context is empty: there is nothing to answer"),
+], ids=["empty-question", "blank-question", "blank-context"])
+def test_an_empty_question_or_context_gets_an_error_not_an_answer(answering_bundle, question, context, needle):
+    from pipeline.runtime.answering import BundleError, QuestionAnswerer
+
+    answerer = QuestionAnswerer.from_bundle(answering_bundle)
+    assert answerer.answer("Paris?", "Paris France")["answer"] == "France"  # the bundle answers a real question
+    with pytest.raises(BundleError, match=needle.removeprefix("error: ")):
+        answerer.answer(question, context)
+    with pytest.raises(BundleError, match="question 'q7': the (question|context) is empty"):
+        answerer.n_best([{"id": "q7", "question": question, "context": context}])
+    completed = run_cli_here("answer", "--bundle", str(answering_bundle), "--question", question, "--context", context)
+    assert completed.stdout == "" and assert_one_line_error(completed) == needle

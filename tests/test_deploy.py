@@ -58,6 +58,35 @@ def test_a_qa_model_with_a_wordpiece_tokenizer_loads(tmp_path):
     check_local_model(str(tmp_path / "qa"), deploying(tmp_path / "qa"))  # the planning check passes too
 
 
+def saved_by_transformers_5(folder):
+    """Rewrite a save_pretrained folder's config.json as transformers 5.x writes it: `dtype` (no `torch_dtype`), its
+    version, the decoder keys spelled out, and none of the keys 5.x no longer writes for BERT."""
+    config_path = folder / "config.json"
+    config = json.loads(config_path.read_text())
+    config["dtype"] = config.pop("torch_dtype", None) or config.get("dtype") or "float32"
+    for key in ("position_embedding_type", "use_cache", "classifier_dropout"):
+        config.pop(key, None)
+    config.update({"transformers_version": "5.23.0", "is_decoder": False, "add_cross_attention": False,
+                   "tie_word_embeddings": True})
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return config
+
+
+def test_a_qa_model_saved_by_transformers_5_deploys(tmp_path):
+    import torch
+
+    original = BertForQuestionAnswering(qa_config()).eval()
+    original.save_pretrained(tmp_path / "qa")
+    wordpiece_tokenizer(tmp_path / "qa").save_pretrained(tmp_path / "qa")
+    config = saved_by_transformers_5(tmp_path / "qa")
+    assert "torch_dtype" not in config and config["dtype"] == "float32"
+    cfg = deploying(tmp_path / "qa")
+    check_local_model(str(tmp_path / "qa"), cfg)  # the planning check
+    model, tokenizer = load_deployable(cfg)  # deploy_model's loading
+    assert type(model).__name__ == "BertForQuestionAnswering" and model.dtype == torch.float32 and tokenizer.is_fast
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), original.state_dict().values()))
+
+
 def test_a_base_model_without_a_trained_qa_head_is_refused(tmp_path):
     BertForMaskedLM(qa_config()).save_pretrained(tmp_path / "mlm")
     wordpiece_tokenizer(tmp_path / "mlm").save_pretrained(tmp_path / "mlm")

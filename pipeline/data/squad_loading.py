@@ -59,6 +59,11 @@ class DataError(PipelineError, ValueError):
     """Data that cannot be used; the one-line message names the file, the example id and the field."""
 
 
+class HubDatasetError(DataError):
+    """A hub dataset that could not be loaded: offline or unreachable, or a name or split the hub does not have. The
+    stage that read the name from the config says which key, and the local alternative."""
+
+
 @dataclass
 class LoadReport:
     """What `load_squad` kept and dropped, for logs and metrics.json."""
@@ -103,8 +108,13 @@ def load_squad(
         candidates = _read_local_file(path, source)
         hub_dataset = None
     else:
-        # Keep the real hub call for users; tests only ever give local paths.
-        hub_dataset = datasets.load_dataset(source, split=split, cache_dir=cache_dir)
+        # The real hub call, for users; tests give local paths, or a hub name offline for the error.
+        try:
+            hub_dataset = datasets.load_dataset(source, split=split, cache_dir=cache_dir)
+        except (OSError, ValueError) as error:  # offline or unreachable (ConnectionError), unknown name, unknown split
+            lines = str(error).strip().splitlines()
+            reason = lines[0] if lines else type(error).__name__
+            raise HubDatasetError(f"hub dataset {source!r}: not loaded ({reason})") from error
         candidates = _hub_candidates(hub_dataset)
 
     kept_rows, kept_records, report = _validate_candidates(candidates, source, on_bad_example)

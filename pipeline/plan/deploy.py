@@ -20,6 +20,8 @@ from pipeline.plan.model_types import EXPORTABLE, OTHER_TOKENIZERS, supported_ty
 
 SUPPORTED_MODEL_TYPES = tuple(EXPORTABLE)
 QA_HEAD = "qa_outputs"  # the span head of every supported type's ...ForQuestionAnswering
+OFFLINE_MODEL = ("a hub model is downloaded, or read from the hub cache: offline, give a local save_pretrained "
+                 "folder instead (deploy.model: ./my-qa-model)")
 
 
 class DeployError(PipelineError, ValueError):
@@ -92,19 +94,34 @@ def load_deployable(cfg: PipelineConfig):
     try:
         config = AutoConfig.from_pretrained(source, revision=revision)
     except (OSError, ValueError) as error:
-        raise DeployError(f"deploy.model {source}: cannot read its config ({error})") from error
+        raise unreadable(source, "config", error) from error
     check_model_type(config.model_type, source)
     check_positions(getattr(config, "max_position_embeddings", None), cfg, source)
-    model, loading = AutoModelForQuestionAnswering.from_pretrained(source, revision=revision,
-                                                                   output_loading_info=True)
+    try:
+        model, loading = AutoModelForQuestionAnswering.from_pretrained(source, revision=revision,
+                                                                       output_loading_info=True)
+    except OSError as error:  # a hub model whose config is cached but not its weights
+        raise unreadable(source, "weights", error) from error
     untrained_head = [name for name in loading["missing_keys"] if name.startswith(QA_HEAD)]
     if untrained_head:
         raise DeployError(f"deploy.model {source}: no trained question-answering head ({', '.join(untrained_head)} "
                           "missing from its weights): it is a base model; fine-tune it on SQuAD first, or let the "
                           "training DAG do it")
-    tokenizer = AutoTokenizer.from_pretrained(source, revision=revision)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, revision=revision)
+    except OSError as error:
+        raise unreadable(source, "tokenizer", error) from error
     if not tokenizer.is_fast or type(tokenizer.backend_tokenizer.model).__name__ != "WordPiece":
         raise DeployError(f"deploy.model {source}: its tokenizer ({type(tokenizer).__name__}) is not a WordPiece "
                           "tokenizer with a tokenizer.json, which the bundle's torch-free and JavaScript answerers "
                           "implement")
     return model.eval(), tokenizer
+
+
+def unreadable(source: str, part: str, error: Exception) -> DeployError:
+    """deploy.model's `part` (config, weights, tokenizer) could not be read: the first line of the library's message
+    (transformers' go on for several), and for a hub name what to give offline."""
+    lines = str(error).strip().splitlines()
+    reason = lines[0] if lines else type(error).__name__
+    offline = "" if names_a_local_path(source) else f"; {OFFLINE_MODEL}"
+    return DeployError(f"deploy.model {source}: cannot read its {part} ({reason}){offline}")

@@ -31,6 +31,7 @@ import onnxruntime
 from tokenizers import Tokenizer
 
 from pipeline.errors import PipelineError
+from pipeline.outputs.artifacts import atomic_write_text
 from pipeline.outputs.manifests import ManifestError, verify_manifest
 from pipeline.runtime import squad
 
@@ -176,6 +177,7 @@ class QuestionAnswerer:
         `windows`: these examples' windows from `windows()` of an answerer with the same tokenizer and settings
         (several models scored on the same questions tokenize them once)."""
         _check_unique_ids(examples)
+        _check_not_blank(examples)
         windows = self.windows(examples) if windows is None else windows
         start_logits, end_logits = self.window_logits(windows)
         return squad.n_best_predictions(
@@ -191,6 +193,9 @@ class QuestionAnswerer:
 
     def answer(self, question: str, context: str, n_best: int = 5) -> dict[str, Any]:
         """One question: {"answer", "start", "end", "score", "n_best": [...]} (start/end are character offsets)."""
+        blank = _blank_field({"question": question, "context": context})
+        if blank:
+            raise BundleError(f"the {blank} is empty: there is nothing to answer")
         candidates = self.n_best([{"id": "q", "question": question, "context": context}])["q"]
         best = candidates[0] if candidates else {"text": "", "start": 0, "end": 0, "score": None}
         return {"answer": best["text"], "start": best["start"], "end": best["end"], "score": best["score"],
@@ -266,6 +271,21 @@ def _pad_id(tokenizer: Tokenizer, tokenizer_path) -> int:
     return pad_id
 
 
+def _blank_field(example: dict[str, str]) -> str | None:
+    """"question" or "context" when that one is empty or all whitespace: a span found there would not answer."""
+    for field in ("question", "context"):
+        if not example[field].strip():
+            return field
+    return None
+
+
+def _check_not_blank(examples: list[dict[str, str]]) -> None:
+    for example in examples:
+        blank = _blank_field(example)
+        if blank:
+            raise BundleError(f"question {example['id']!r}: the {blank} is empty")
+
+
 def _check_unique_ids(examples: list[dict[str, str]]) -> None:
     seen = set()
     for example in examples:
@@ -293,25 +313,64 @@ def read_qa_config(path: Path) -> dict[str, Any]:
 
 
 def read_questions(path: Path) -> list[dict[str, str]]:
-    """Questions from a JSON list of {"id", "question", "context"}, or a SQuAD v1.1/v2.0 file."""
+    """Questions from a JSON list of {"id", "question", "context"}, or a SQuAD v1.1/v2.0 file; a field of the
+    wrong type, a blank question or context and a repeated id are BundleErrors naming the file and where."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise BundleError(f"{path}: file not found") from None
     except json.JSONDecodeError as error:
         raise BundleError(f"{path}: invalid JSON at line {error.lineno}: {error.msg}") from None
-    if isinstance(data, dict) and "data" in data:  # SQuAD layout: articles -> paragraphs -> qas
-        data = [
-            {"id": qa.get("id"), "question": qa.get("question"), "context": paragraph.get("context")}
-            for article in data["data"] for paragraph in article.get("paragraphs", []) for qa in paragraph.get("qas", [])
-        ]
-    if not isinstance(data, list):
+    if isinstance(data, dict) and "data" in data:
+        records = list(_squad_records(data["data"], path))
+    elif isinstance(data, list):
+        records = [(f"question {index}", record) for index, record in enumerate(data)]
+    else:
         raise BundleError(f"{path}: expected a list of {{id, question, context}} objects or a SQuAD file")
-    for index, record in enumerate(data):
+    if not records:
+        raise BundleError(f"{path}: no questions in the file")
+    questions, seen = [], set()
+    for where, record in records:
         for field in ("id", "question", "context"):
             if not isinstance(record, dict) or not isinstance(record.get(field), str):
-                raise BundleError(f"{path}: question {index}: field {field!r} must be a string")
-    return data
+                raise BundleError(f"{path}: {where}: field {field!r} must be a string")
+        blank = _blank_field(record)
+        if blank:
+            raise BundleError(f"{path}: question {record['id']!r}: the {blank} is empty")
+        if record["id"] in seen:
+            raise BundleError(f"{path}: question id {record['id']!r} appears twice")
+        seen.add(record["id"])
+        questions.append({"id": record["id"], "question": record["question"], "context": record["context"]})
+    return questions
+
+
+def _squad_records(articles: Any, path: Path):
+    """(where, {"id", "question", "context"}) of each question of a SQuAD file's `data`, its layout checked on the
+    way: articles -> paragraphs -> context and qas."""
+
+    def expect(value: Any, kind: type, where: str) -> Any:
+        if not isinstance(value, kind):
+            expected = {list: "a list", dict: "an object", str: "a string"}[kind]
+            raise BundleError(f"{path}: {where}: expected {expected}, got {_json_type(value)}")
+        return value
+
+    for a, article in enumerate(expect(articles, list, "data")):
+        article = expect(article, dict, f"data[{a}]")
+        for p, paragraph in enumerate(expect(article.get("paragraphs"), list, f"data[{a}].paragraphs")):
+            where = f"data[{a}].paragraphs[{p}]"
+            paragraph = expect(paragraph, dict, where)
+            context = expect(paragraph.get("context"), str, f"{where}.context")
+            for q, qa in enumerate(expect(paragraph.get("qas"), list, f"{where}.qas")):
+                qa = expect(qa, dict, f"{where}.qas[{q}]")
+                yield f"{where}.qas[{q}]", {"id": qa.get("id"), "question": qa.get("question"), "context": context}
+
+
+def _json_type(value: Any) -> str:
+    """The JSON name of a parsed value's type, as a message to a JSON file's author says it."""
+    if value is None:
+        return "nothing (missing or null)"
+    names = {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "a list", dict: "an object"}
+    return names.get(type(value), type(value).__name__)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -331,12 +390,12 @@ def main(argv: list[str] | None = None) -> int:
     if (args.json is None) == (args.question is None or args.context is None):
         parser.error("give --question and --context, or --json")
     try:
+        questions = read_questions(args.json) if args.json is not None else None  # bad input before the model loads
         answerer = QuestionAnswerer.from_bundle(args.bundle, model=args.model, threads=args.threads)
-        if args.json is not None:
-            predictions = answerer.predict(read_questions(args.json))
-            text = json.dumps(predictions, ensure_ascii=False, indent=1)
+        if questions is not None:
+            text = json.dumps(answerer.predict(questions), ensure_ascii=False, indent=1)
             if args.out:
-                args.out.write_text(text + "\n", encoding="utf-8")
+                atomic_write_text(args.out, text + "\n")  # a killed run leaves no answers file that looks complete
             else:
                 print(text)
         else:

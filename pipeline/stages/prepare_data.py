@@ -19,7 +19,7 @@ import datasets
 
 from pipeline.data import synthetic
 from pipeline.data.corpus_writer import GENERATED_CORPUS_FILE, corpus_source, iter_documents
-from pipeline.data.squad_loading import DataError, load_squad
+from pipeline.data.squad_loading import DataError, HubDatasetError, load_squad
 from pipeline.export.dev_split import dev_source as dev_set_name
 from pipeline.export.dev_split import split_for
 from pipeline.outputs.artifacts import atomic_write_json
@@ -28,6 +28,11 @@ from pipeline.plan.config import ConfigError, PipelineConfig
 from pipeline.plan.data_sources import deploy_dev_source, looks_like_a_path
 
 logger = logging.getLogger(__name__)
+
+# What to set instead of a hub dataset that cannot be loaded (offline, or a machine without network)
+OFFLINE_DEV_SET = "offline, give a local SQuAD dev file instead (data.squad_dev: ./my-dev.json)"
+OFFLINE_TRAINING_SETS = ("offline, give local SQuAD files instead (data.squad: ./train.json and data.squad_dev: "
+                         "./dev.json), or generate them (data.squad: synthetic)")
 
 
 def _is_local_file(source: str) -> bool:
@@ -107,8 +112,10 @@ def run(cfg: PipelineConfig, out_dir: Path) -> dict:
         if cfg.data.squad == "synthetic":
             world_stats = synthetic.write_world(world_spec(cfg), synthetic_dir)
         train_source, dev_source = squad_sources(cfg, synthetic_dir)
-        train, train_report = load_squad(train_source, split=cfg.data.train_split, on_bad_example=cfg.data.on_bad_example)
-        dev, dev_report = load_squad(dev_source, split=cfg.data.dev_split, on_bad_example=cfg.data.on_bad_example)
+        dev_key = "data.squad_dev" if cfg.data.squad_dev and dev_source == cfg.data.squad_dev else "data.squad"
+        train, train_report = load_configured_squad(cfg, "data.squad", train_source, cfg.data.train_split,
+                                                    OFFLINE_TRAINING_SETS)
+        dev, dev_report = load_configured_squad(cfg, dev_key, dev_source, cfg.data.dev_split, OFFLINE_TRAINING_SETS)
         if cfg.data.max_train_examples:
             train = train.select(range(min(cfg.data.max_train_examples, len(train))))
         if cfg.data.max_dev_examples:
@@ -146,10 +153,7 @@ def run_for_deploy(cfg: PipelineConfig, out_dir: Path) -> dict:
         if source == "synthetic":
             world_stats = synthetic.write_world(world_spec(cfg), tmp / "synthetic")
             source = str(tmp / "synthetic" / "dev.json")
-        try:
-            dev, dev_report = load_squad(source, split=cfg.data.dev_split, on_bad_example=cfg.data.on_bad_example)
-        except DataError as error:
-            raise DataError(f"{key}: {error}") from None
+        dev, dev_report = load_configured_squad(cfg, key, source, cfg.data.dev_split, OFFLINE_DEV_SET)
         if cfg.data.max_dev_examples:
             dev = dev.select(range(min(cfg.data.max_dev_examples, len(dev))))
         split = split_for(dev["context"], cfg, f"{key} {configured}")  # refused here when too small, naming the key
@@ -164,6 +168,17 @@ def run_for_deploy(cfg: PipelineConfig, out_dir: Path) -> dict:
         atomic_write_json(tmp / "metrics.json", metrics)
     logger.info("prepare_data (deploy: the dev set only): %s", json.dumps(metrics))
     return metrics
+
+
+def load_configured_squad(cfg: PipelineConfig, key: str, source: str, split: str, offline_alternative: str):
+    """load_squad of the source config `key` names, its errors prefixed with the key; a hub dataset that cannot be
+    loaded also says what to set instead (`offline_alternative`)."""
+    try:
+        return load_squad(source, split=split, on_bad_example=cfg.data.on_bad_example)
+    except HubDatasetError as error:
+        raise HubDatasetError(f"{key}: {error}; {offline_alternative}") from None
+    except DataError as error:
+        raise DataError(f"{key}: {error}") from None
 
 
 def world_spec(cfg: PipelineConfig) -> synthetic.SyntheticWorldSpec:

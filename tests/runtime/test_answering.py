@@ -133,3 +133,55 @@ def test_the_bundle_answers_in_a_process_without_torch_or_transformers(exported_
     answerer = answering.QuestionAnswerer.from_bundle(bundle, threads=1)  # this process has torch: the same answers
     assert answered["answer"] == json.loads(json.dumps(answerer.answer(question, context)))
     assert answered["predictions"] == answerer.predict(examples) and len(answered["predictions"]) == len(examples)
+
+
+def squad_document(paragraphs):
+    return {"version": "1.1", "data": [{"title": "T", "paragraphs": paragraphs}]}
+
+
+GOOD_PARAGRAPH = {"context": "Me.", "qas": [{"id": "x", "question": "Who?"}]}
+
+
+@pytest.mark.parametrize("document, where", [
+    ({"data": 5}, "data: expected a list, got a number"),
+    ({"data": [5]}, "data[0]: expected an object, got a number"),
+    ({"data": [{"paragraphs": 3}]}, "data[0].paragraphs: expected a list, got a number"),
+    ({"data": [{"title": "T"}]}, "data[0].paragraphs: expected a list, got nothing (missing or null)"),
+    (squad_document([GOOD_PARAGRAPH, {"context": "Me."}]),
+     "data[0].paragraphs[1].qas: expected a list, got nothing (missing or null)"),
+    (squad_document([GOOD_PARAGRAPH, {"context": "Me.", "qas": {"id": "y"}}]),
+     "data[0].paragraphs[1].qas: expected a list, got an object"),
+    (squad_document([{"context": ["Me."], "qas": []}]), "data[0].paragraphs[0].context: expected a string, got a list"),
+    (squad_document([{"context": "Me.", "qas": ["Who?"]}]), "data[0].paragraphs[0].qas[0]: expected an object"),
+    (squad_document([{"context": "Me.", "qas": [{"id": "y", "question": 7}]}]),
+     "data[0].paragraphs[0].qas[0]: field 'question' must be a string"),
+    ({"data": []}, "no questions in the file"),
+], ids=["data", "article", "paragraphs", "no-paragraphs", "no-qas", "qas-object", "context", "qa", "question", "empty"])
+def test_a_question_file_not_in_squad_layout_names_the_bad_field(tmp_path, document, where):
+    path = tmp_path / "questions.json"
+    path.write_text(json.dumps(document))
+    with pytest.raises(answering.BundleError) as raised:
+        answering.read_questions(path)
+    message = str(raised.value)
+    assert message.startswith(f"{path}: {where}") and "\n" not in message
+
+
+@pytest.mark.parametrize("question, context, problem", [
+    ("", "Me.", "question 'x': the question is empty"),
+    (" \t\n", "Me.", "question 'x': the question is empty"),
+    ("Who?", "  ", "question 'x': the context is empty"),
+], ids=["empty-question", "blank-question", "blank-context"])
+def test_a_blank_question_or_context_in_a_question_file_is_refused_by_id(tmp_path, question, context, problem):
+    path = tmp_path / "questions.json"
+    for document in ([{"id": "x", "question": question, "context": context}],
+                     squad_document([{"context": context, "qas": [{"id": "x", "question": question}]}])):
+        path.write_text(json.dumps(document))
+        with pytest.raises(answering.BundleError, match=f"^{path}: {problem}$"):
+            answering.read_questions(path)
+
+
+def test_a_question_id_given_twice_in_a_question_file_is_refused(tmp_path):
+    path = tmp_path / "questions.json"
+    path.write_text(json.dumps(squad_document([GOOD_PARAGRAPH, GOOD_PARAGRAPH])))
+    with pytest.raises(answering.BundleError, match="question id 'x' appears twice"):
+        answering.read_questions(path)
