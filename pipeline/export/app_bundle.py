@@ -223,9 +223,11 @@ def int8_note(quantized: dict, cfg: PipelineConfig) -> str | None:
                      "search_per_channel: [false, true])")
     helps.append(f"more layers back in fp32 (export.quantize.fallback.max_layers, now "
                  f"{cfg.export.quantize.fallback.max_layers})")
+    missed = "; ".join(line.strip().removeprefix(f"{scored[best_name].get('name', best_name)}: ")
+                       for line in failure_lines([{"name": best_name, **scored[best_name]}]))
     return (f"no int8 graph passed its gates: the best, {best_name}, lost {drop['value']} F1 (95 % interval {low} "
-            f"to {high}; export.gates.max_f1_drop {drop['maximum']}, verdict {scored[best_name]['verdict']}); "
-            f"the bundle ships the fp32 graph. What would help: {'; '.join(helps)}.")
+            f"to {high}; export.gates.max_f1_drop {drop['maximum']}) and missed {missed.removeprefix(best_name + ': ')}"
+            f"; the bundle ships the fp32 graph. What would help: {'; '.join(helps)}.")
 
 
 def openvino_row(config: dict, metrics: dict) -> str:
@@ -358,7 +360,7 @@ def write_bundle(tmp: Path, out_dir: Path, cfg: PipelineConfig, onnx_dir: Path, 
     for package in coreml["packages"].values():
         shutil.copytree(coreml_dir / package["path"], tmp / "coreml" / package["path"])
     reports, predictions = {}, {}
-    predictions["fp32"], fp32_report = answer_and_gate(tmp / FP32_NAME, f"{out_dir}/{FP32_NAME}",
+    predictions[FP32_NAME], fp32_report = answer_and_gate(tmp / FP32_NAME, f"{out_dir}/{FP32_NAME}",
                                                        tmp / "tokenizer.json", questions, cfg)
     # The fp32 graph's verdict is its parity with PyTorch (rounding only); its answers are recorded.
     reports[FP32_NAME] = {**fp32_report, "gates": parity["gates"], "verdict": parity["verdict"], "passed": True}

@@ -8,8 +8,8 @@ which would understate what quantization costs). The rule, in the dev file's ord
   enough questions  (at least export.gates.dev_questions + export.quantize.tuning_questions):
                     the first dev_questions are gated; the next tuning_questions whose paragraph holds no gated
                     question tune;
-  fewer             whole paragraphs, from the last one back, tune until they hold export.gates.tuning_share of
-                    the questions (at most tuning_questions); the questions of the other paragraphs are gated (the
+  fewer             whole paragraphs, from the last one back, tune while they come nearer to
+                    export.gates.tuning_share of the questions (at most tuning_questions); the questions of the other paragraphs are gated (the
                     first dev_questions of them); each part holds at least export.gates.min_split_questions;
   too few           fewer than twice min_split_questions, or no such split: an error naming the dev set and its
                     count.
@@ -75,12 +75,14 @@ def split_dev(contexts: list[str], dev_questions: int | None, tuning_questions: 
         rows_by_context.setdefault(context, []).append(row)
     tuning, tuning_contexts = [], set()
     for context in reversed(list(rows_by_context)):  # whole paragraphs, the last ones first
-        if len(tuning) >= wanted_tuning:
+        rows = rows_by_context[context]
+        # nearest to the share: a paragraph goes in while it brings the count closer (or below the floor)
+        if len(tuning) >= min_questions and abs(len(tuning) + len(rows) - wanted_tuning) >= abs(len(tuning) - wanted_tuning):
             break
-        tuning += rows_by_context[context]
+        tuning += rows
         tuning_contexts.add(context)
     gated = [row for row in range(n) if contexts[row] not in tuning_contexts][:wanted_gated]
-    if len(gated) < min_questions or len(tuning) < min_questions:
+    if len(gated) < min(min_questions, wanted_gated) or len(tuning) < min_questions:
         raise DevSplitError(too_few)
     return DevSplit(gated, sorted(tuning), n,
                     f"{n} dev questions are fewer than export.gates.dev_questions ({dev_questions or 'all'}) + "

@@ -120,8 +120,8 @@ def run(cfg: PipelineConfig, out_dir: Path) -> dict:
             train = train.select(range(min(cfg.data.max_train_examples, len(train))))
         if cfg.data.max_dev_examples:
             dev = dev.select(range(min(cfg.data.max_dev_examples, len(dev))))
-        split = split_for(dev["context"], cfg, dev_set_name(cfg))  # refused here when too small, naming the key
         n_corpus_documents = write_generated_corpus(cfg, synthetic_dir, train, tmp)
+        split = split_for(dev["context"], cfg, dev_set_name(cfg))  # refused here when too small, naming the key
         write_jsonl(train, tmp / "train.jsonl")
         write_jsonl(dev, tmp / "dev.jsonl")
         (tmp / "dev.json").write_text(json.dumps(to_squad_v1_json(dev), ensure_ascii=False))

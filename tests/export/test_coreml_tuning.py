@@ -17,7 +17,7 @@ def test_the_most_sensitive_layers_stay_in_float_and_the_others_are_palettized(e
     fallback.max_layers = 2
     fallback.target_f1_drop = -1.0  # out of reach (the schema's minimum is 0): every step is taken
     tuning, source = proxy_tuning(data, student, True, cfg)
-    assert "training questions" in source and len(tuning.gold) > 0
+    assert "held-out dev questions" in source and len(tuning.gold) > 0
     model, record = compress_with_fallback(student, True, "4bit", cfg, tuning)
     layers = coreml.compressible_layers(coreml.load_wrapped(student, True), "4bit", cfg.export.coreml)
     assert sorted(record["sensitivity"]) == sorted(layers)

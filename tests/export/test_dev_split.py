@@ -27,9 +27,9 @@ def test_a_small_dev_set_tunes_on_its_last_whole_paragraphs_by_the_tuning_share(
     contexts = paragraphs(*[8] * 29)  # 232 questions, as a user's small dev file
     split = split_dev(contexts, dev_questions=1000, tuning_questions=200, tuning_share=0.5, min_questions=20,
                       source="data.squad_dev dev.json")
-    assert split.n_tuning == 120 and split.n_gated == 112  # 15 whole paragraphs tune: the first with >= 116
-    assert split.gated_rows == list(range(112)) and split.tuning_rows == list(range(112, 232))
-    assert "export.gates.tuning_share 0.5" in split.rule and split.record()["gated"] == 112
+    assert split.n_tuning == 112 and split.n_gated == 120  # 14 whole paragraphs: as near 116 as 15 would be
+    assert split.gated_rows == list(range(120)) and split.tuning_rows == list(range(120, 232))
+    assert "export.gates.tuning_share 0.5" in split.rule and split.record()["gated"] == 120
     assert_no_paragraph_on_both_sides(split, contexts)
 
 
