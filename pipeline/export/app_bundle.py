@@ -13,6 +13,7 @@ import logging
 import shutil
 from pathlib import Path
 
+from pipeline.export.coreml import verify_gated_weights
 from pipeline.export.gates import GateError, compressed_model_report, failure_lines
 from pipeline.export.hf_layout import write_hf_layout
 from pipeline.export.model_card import bundle_card, write_model_card
@@ -357,8 +358,16 @@ def write_bundle(tmp: Path, out_dir: Path, cfg: PipelineConfig, onnx_dir: Path, 
     for name in ("tokenizer.json", "vocab.txt"):
         shutil.copy(fp32_dir / name, tmp / name)
     (tmp / "coreml").mkdir()
-    for package in coreml["packages"].values():
+    for variant, package in list(coreml["packages"].items()):
         shutil.copytree(coreml_dir / package["path"], tmp / "coreml" / package["path"])
+        try:  # the package shipped must carry the weights its gate scored
+            verify_gated_weights(tmp / "coreml" / package["path"], package["dev"]["read_back"]["weights_sha256"])
+        except (GateError, KeyError) as error:
+            shutil.rmtree(tmp / "coreml" / package["path"])
+            del coreml["packages"][variant]
+            coreml["rejected"] = sorted([*coreml["rejected"], variant])
+            coreml["rejected_why"][variant] = f"its weights are not the ones gated: {error}".splitlines()[0]
+            logger.warning("bundle: CoreML %s left out: %s", variant, coreml["rejected_why"][variant])
     reports, predictions = {}, {}
     predictions[FP32_NAME], fp32_report = answer_and_gate(tmp / FP32_NAME, f"{out_dir}/{FP32_NAME}",
                                                        tmp / "tokenizer.json", questions, cfg)

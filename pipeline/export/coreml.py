@@ -1,16 +1,20 @@
 """CoreML mlprogram packages of a QA model: the fp16-safe wrapper, weight compression on the PyTorch side
-(coremltools.optimize.torch), conversion, the package read back as a spec and checked, and the float16 proxy
-that scores a package on Linux (CoreML prediction runs only on macOS).
+(coremltools.optimize.torch), conversion, the package read back as a spec and checked, and its dev gate on Linux
+(CoreML prediction runs only on macOS): the package's own weights read back out of it, decompressed, and run in
+the PyTorch model they were converted from, at float16.
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from pipeline.export.gates import GateError
+from pipeline.export.gates import REJECTED, GateError, GateQuestions, compressed_model_report
 from pipeline.outputs.artifacts import directory_size_bytes
 from pipeline.plan.config import ConfigError, CoreMLConfig, PipelineConfig
 from pipeline.plan.model_types import model_type_of
@@ -23,6 +27,11 @@ SPEC_VERSION_TARGET = {7: "iOS16", 8: "iOS17", 9: "iOS18"}
 # MIL ops that hold compressed weights, per variant (int8 is blockwise from iOS18, affine before).
 COMPRESSED_WEIGHT_OPS = {"int8": ("constexpr_blockwise_shift_scale", "constexpr_affine_dequantize"),
                          "4bit": ("constexpr_lut_to_dense",)}
+# What a package's dev gate runs (coreml.json's dev.executed): CoreML itself runs only on macOS.
+EXECUTED = "weights read from the package, run in PyTorch at float16"
+# The converter names a weight by its traced module path with "_" for "." and a suffix: "_to_fp16" where it cast a
+# float32 const, "_cast_fp16" where a constexpr op decompresses it.
+CONVERTER_SUFFIXES = ("_to_fp16", "_cast_fp16")
 
 
 class CoreMLQuestionAnswering(torch.nn.Module):
@@ -236,3 +245,157 @@ def weight_matrix_count(model: torch.nn.Module, variant: str, cfg: CoreMLConfig,
     with_embeddings = variant == "int8" or cfg.palettize_embeddings
     kinds = (torch.nn.Linear, torch.nn.Embedding) if with_embeddings else (torch.nn.Linear,)
     return sum(isinstance(module, kinds) for module in model.modules()) - kept_float
+
+
+@dataclass(frozen=True)
+class PackageWeight:
+    """One weight tensor of a package, as the device computes it (decompressed), in float32."""
+
+    value: np.ndarray
+    stored_as: str  # "const", or the constexpr op that decompresses it on the device
+    readers: int  # ops that read it: more than one where the converter stored equal tensors once
+
+
+class UnreadWeights(GateError):
+    """A package whose weights could not all be read back into the model it was converted from."""
+
+    def __init__(self, message: str, read: int, parameters: int):
+        super().__init__(message)
+        self.read, self.parameters = read, parameters
+
+
+def package_weights(path: Path) -> dict[str, PackageWeight]:
+    """Every float weight tensor of a package, read from its spec and weight file without running it (works on
+    Linux); palettized and quantized ones decompressed by coremltools' own op definitions. Keyed by the converter's
+    name less its suffix: the traced parameter path with "_" for "." ("model_qa_outputs_weight")."""
+    import coremltools as ct
+    from coremltools.converters.mil.frontend.milproto.load import load as load_mil_program
+
+    mlmodel = ct.models.MLModel(str(path), skip_model_load=True)
+    spec = mlmodel.get_spec()
+    program = load_mil_program(spec, spec.specificationVersion, mlmodel.weights_dir)
+    weights: dict[str, PackageWeight] = {}
+    for op in program.functions["main"].operations:
+        compressed = op.op_type.startswith("constexpr_")
+        if op.op_type != "const" and not compressed:
+            continue
+        readers = op.outputs[0].child_ops
+        if readers and all(reader.op_type.startswith("constexpr_") for reader in readers):
+            continue  # a compressed tensor's parts (indices, table, scales): read through the op decompressing them
+        value = np.asarray(op.materialized_val_inference() if compressed else op.val.val)
+        if value.ndim == 0 or not np.issubdtype(value.dtype, np.floating):
+            continue  # scalars (epsilons, the mask's score) and integer constants (shapes, position ids)
+        name = next((op.name[:-len(suffix)] for suffix in CONVERTER_SUFFIXES if op.name.endswith(suffix)), op.name)
+        if name in weights:
+            raise ValueError(f"two weight tensors named {name!r}")
+        weights[name] = PackageWeight(value.astype(np.float32), op.op_type, len(readers))
+    return weights
+
+
+def parameters_from_package(model: torch.nn.Module, weights: dict[str, PackageWeight],
+                            where: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Each parameter of `model` (the module the package was traced from) with the package's tensor of it, and the
+    parameters that read another's tensor; raises UnreadWeights where a parameter has none, or a tensor of the
+    package no parameter (the stand-in would not compute what the package does)."""
+    parameters = dict(model.named_parameters())
+    stems = {name: name.replace(".", "_") for name in parameters}  # the converter's names of them
+    tensors, misshapen = {}, []
+    for name, parameter in parameters.items():
+        weight = weights.get(stems[name])
+        if weight is None:
+            continue
+        if weight.value.shape == tuple(parameter.shape):
+            tensors[name] = weight.value
+        else:
+            misshapen.append(f"{name} {list(weight.value.shape)} (the model's: {list(parameter.shape)})")
+    # The converter stores equal tensors once, under the first one's name (coremltools' const_deduplication, e.g.
+    # untrained LayerNorms of 100 or more values): a parameter missing by name reads the tensor of a parameter equal
+    # to it, which has one more reader for each.
+    shared: dict[str, str] = {}
+    for name, parameter in parameters.items():
+        if stems[name] in weights:
+            continue
+        twin = next((other for other in list(tensors) if other not in shared
+                     and weights[stems[other]].readers > 1 + list(shared.values()).count(other)
+                     and torch.equal(parameters[other], parameter)), None)
+        if twin is not None:
+            tensors[name], shared[name] = tensors[twin], twin
+    problems = []
+    if misshapen:
+        problems.append(f"{len(misshapen)} tensor(s) of another shape: {', '.join(misshapen[:3])}")
+    unread = [name for name in parameters if name not in tensors and stems[name] not in weights]
+    if unread:
+        problems.append(f"{len(unread)} parameter(s) not in the package: {', '.join(unread[:5])}")
+    unknown = sorted(set(weights) - set(stems.values()))
+    if unknown:
+        problems.append(f"{len(unknown)} tensor(s) of the package no parameter reads: {', '.join(unknown[:5])}")
+    if problems:
+        raise UnreadWeights(f"{where}: its weights could not be read back into the model it was converted from: "
+                            + "; ".join(problems), len(tensors), len(parameters))
+    return tensors, shared
+
+
+def weights_digest(weights: dict[str, PackageWeight]) -> str:
+    """sha256 of a package's weights as the device computes them (names, shapes, float32 values)."""
+    digest = hashlib.sha256()
+    for name in sorted(weights):
+        value = np.ascontiguousarray(weights[name].value, dtype="<f4")
+        digest.update(f"{name} {list(value.shape)}\n".encode())
+        digest.update(value.tobytes())
+    return digest.hexdigest()
+
+
+@torch.no_grad()
+def stand_in_from_package(model: CoreMLQuestionAnswering, path: Path,
+                          where: str | None = None) -> tuple[CoreMLQuestionAnswering, dict]:
+    """`model` (the architecture the package was converted from) with every parameter replaced by the package's
+    own tensor, and the record of what was read back; raises UnreadWeights saying what could not be."""
+    where = where or str(path)
+    try:
+        weights = package_weights(path)
+    except Exception as error:  # whatever coremltools raises on a package it cannot parse: the package fails
+        raise UnreadWeights(f"{where}: its weights could not be read: {type(error).__name__}: {error}", 0,
+                            sum(1 for _ in model.parameters())) from error
+    tensors, shared = parameters_from_package(model, weights, where)
+    for name, parameter in model.named_parameters():
+        parameter.copy_(torch.from_numpy(tensors[name]))
+    decompressed = Counter(weight.stored_as for weight in weights.values() if weight.stored_as != "const")
+    return model, {"parameters": len(tensors), "loaded": len(tensors), "tensors": len(weights), "shared": shared,
+                   "decompressed": dict(decompressed), "weights_sha256": weights_digest(weights)}
+
+
+def verify_gated_weights(path: Path, digest: str, where: str | None = None) -> None:
+    """The package holds the weights its gate scored (`digest`: coreml.json's dev.read_back.weights_sha256); raise
+    GateError otherwise."""
+    where = where or str(path)
+    try:
+        found = weights_digest(package_weights(path))
+    except Exception as error:  # whatever coremltools raises on a package it cannot parse
+        raise GateError(f"{where}: its weights could not be read: {type(error).__name__}: {error}") from error
+    if found != digest:
+        raise GateError(f"{where}: its weights are not the ones its gate scored (sha256 {found[:16]}..., gated "
+                        f"{digest[:16]}...)")
+
+
+def package_dev_report(path: Path, model: CoreMLQuestionAnswering, questions: GateQuestions, features,
+                       cfg: PipelineConfig, where: str) -> dict:
+    """A package's dev gate: its weights read back into `model` (the architecture it was converted from; its weights
+    are replaced), dev answered at float16 on `features` (qa_windows.validation_windows of questions.records) and
+    judged against the PyTorch model's answers. Rejected, with the reason, where its weights cannot be read back."""
+    gates = cfg.export.gates
+    try:
+        stand_in, read_back = stand_in_from_package(model, path, where)
+    except UnreadWeights as error:
+        gate = {"value": error.read, "minimum": error.parameters, "verdict": REJECTED, "passed": False,
+                "judged_by": str(error)}
+        return {"f1_source": None, "precision": None, "executed": "nothing: the package's weights were not read back",
+                "read_back": {"parameters": error.parameters, "loaded": error.read, "error": str(error)},
+                "exact_match": None, "f1": None, "f1_drop": None, "answer_agreement": None,
+                "gates": {"weights_read_back": gate}, "verdict": REJECTED, "passed": False}
+    predictions = proxy_predictions(stand_in, questions.records, features, cfg)
+    report = compressed_model_report(f"{where} ({EXECUTED})", predictions, questions.pytorch_predictions,
+                                     questions.gold, questions.pytorch_f1, gates.min_answer_agreement,
+                                     gates.max_f1_drop, gates.strict)
+    return {"f1_source": "pytorch-proxy", "precision": "float16", "executed": EXECUTED, "read_back": read_back,
+            **{key: report[key] for key in ("exact_match", "f1", "f1_drop", "answer_agreement", "gates", "verdict",
+                                            "passed")}}

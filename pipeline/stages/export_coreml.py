@@ -1,10 +1,13 @@
 """Stage export_coreml: a trained QA model -> CoreML mlprogram packages (fp16, int8 weights, 4-bit palettized).
 
 The model is traced from PyTorch and converted with coremltools. Weights are compressed on the PyTorch side with
-coremltools.optimize.torch (post-training linear quantization, k-means palettization), so the compressed PyTorch
-model is a faithful proxy of the package: CoreML prediction runs only on macOS, so the dev scores here are the
-proxy's (run in float16, as the package computes), labelled "pytorch-proxy". Each package is then read back as a
-spec and checked: input and output names, shapes and types, deployment target, and how its weights are stored.
+coremltools.optimize.torch (post-training linear quantization, k-means palettization). Each package is then read
+back as a spec and checked: input and output names, shapes and types, deployment target, and how its weights are
+stored. CoreML prediction runs only on macOS, so each package's dev gate runs its own weights: read back out of
+the package (palettized and quantized ones decompressed), loaded into the PyTorch model it was converted from and
+run in float16, as the package computes (dev.executed; f1_source "pytorch-proxy"). A package whose weights cannot
+all be read back is rejected. dev.read_back.weights_sha256 is the digest of the weights gated, which
+coreml.verify_gated_weights checks against a package before it ships.
 
 Inputs: iOS18 (default) takes input_ids and attention_mask, both with the enumerated lengths of
 export.coreml.sequence_lengths. Before iOS18 only one input may have enumerated shapes, so the iOS16/17 package
@@ -22,9 +25,9 @@ import torch
 
 from pipeline.data import qa_windows
 from pipeline.export.coreml import (MASKED_SCORE, check_lengths, check_package, convert, load_wrapped,
-                                    proxy_predictions, read_package, weight_matrix_count)
+                                    package_dev_report, read_package, weight_matrix_count)
 from pipeline.export.coreml_tuning import compress_with_fallback, proxy_tuning
-from pipeline.export.gates import compressed_model_report, gate_questions
+from pipeline.export.gates import gate_questions
 from pipeline.outputs.artifacts import atomic_write_json, directory_size_bytes, megabytes
 from pipeline.outputs.manifests import atomic_output_dir, verify_input_dirs
 from pipeline.plan.config import PipelineConfig
@@ -33,21 +36,20 @@ logger = logging.getLogger(__name__)
 
 
 def run(cfg: PipelineConfig, model_dir: Path, data_dir: Path | None, out_dir: Path) -> dict:
-    """Convert every configured variant; with data_dir, score each proxy on dev and record its gate verdicts (a
-    rejected package is left out of the bundle)."""
+    """Convert every configured variant; with data_dir, score each package's weights on dev and record its gate
+    verdicts (a rejected package is left out of the bundle)."""
     verify_input_dirs(model_dir, data_dir)
     from transformers import AutoTokenizer
 
-    ccfg, gates = cfg.export.coreml, cfg.export.gates
+    ccfg = cfg.export.coreml
     mask_input = ccfg.minimum_deployment_target == "iOS18"
     check_lengths(ccfg, load_wrapped(model_dir, mask_input).model.config.max_position_embeddings, str(model_dir))
-    dev = features = gold = pytorch_predictions = pytorch_f1 = None
+    questions = features = None
     if data_dir is not None:
         questions = gate_questions(data_dir, model_dir, cfg)
-        dev, gold = questions.records, questions.gold
         # once for all
-        features = qa_windows.validation_windows(dev, AutoTokenizer.from_pretrained(model_dir), cfg.squad)
-        pytorch_predictions, pytorch_f1 = questions.pytorch_predictions, questions.pytorch_f1
+        features = qa_windows.validation_windows(questions.records, AutoTokenizer.from_pretrained(model_dir),
+                                                 cfg.squad)
 
     compressed_variants = set(ccfg.variants) - {"fp16"}
     tuning, tuned_on = (proxy_tuning(data_dir, model_dir, mask_input, cfg)
@@ -64,21 +66,16 @@ def run(cfg: PipelineConfig, model_dir: Path, data_dir: Path | None, out_dir: Pa
                                                                    ccfg, kept_float), f"{out_dir}/{path.name}")
             packages[variant] = {"path": path.name, "size_mb": megabytes(directory_size_bytes(path)), **info,
                                  **({"fallback": fallback} if fallback is not None else {})}
-            if dev is not None:
-                predictions = proxy_predictions(compressed, dev, features, cfg)
-                report = compressed_model_report(f"{out_dir}/{path.name} (pytorch-proxy)", predictions,
-                                                 pytorch_predictions, gold, pytorch_f1, gates.min_answer_agreement,
-                                                 gates.max_f1_drop, gates.strict)
-                packages[variant]["dev"] = {"f1_source": "pytorch-proxy", "precision": "float16",
-                                            **{k: report[k] for k in ("exact_match", "f1", "f1_drop",
-                                                                      "answer_agreement", "gates", "verdict",
-                                                                      "passed")}}
+            if questions is not None:
+                packages[variant]["dev"] = package_dev_report(path, load_wrapped(model_dir, mask_input), questions,
+                                                              features, cfg, f"{out_dir}/{path.name}")
         metrics = {
             "model_dir": str(model_dir),
             "minimum_deployment_target": ccfg.minimum_deployment_target,
             "sequence_lengths": sorted(ccfg.sequence_lengths),
             "masked_score": MASKED_SCORE,
-            "n_questions": None if gold is None else len(gold),  # the dev questions each package's proxy is gated on
+            # the dev questions each package is gated on
+            "n_questions": None if questions is None else len(questions.gold),
             # the questions the packages' fallback tuned on, or why there were none
             **({"tuned_on": tuned_on} if tuning is not None else {"not_tuned": tuned_on}),
             "packages": packages,

@@ -230,6 +230,11 @@ def test_coreml_packages_have_the_asked_interface_and_weight_storage(built):
         assert [i["name"] for i in package["inputs"]] == ["input_ids", "attention_mask"]
         assert all(sorted(s[1] for s in i["enumerated_shapes"]) == [64, 128] for i in package["inputs"])
         assert package["dev"]["f1_source"] == "pytorch-proxy"
+        # gated on the weights read back out of the package, which it still holds
+        assert package["dev"]["executed"] == "weights read from the package, run in PyTorch at float16"
+        read_back = package["dev"]["read_back"]
+        assert read_back["loaded"] == read_back["parameters"] > 0
+        coreml.verify_gated_weights(built["coreml"] / package["path"], read_back["weights_sha256"])
     assert packages["fp16"]["compressed_weight_ops"] == {}
     # 2 layers x 6 linear + the QA head + word and position tables
     assert packages["int8"]["compressed_weight_ops"]["constexpr_blockwise_shift_scale"] == 15
