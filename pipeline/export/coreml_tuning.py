@@ -4,9 +4,10 @@ packages' int8 and 4-bit weights, on the PyTorch-side proxy.
 A compressed variant whose proxy loses more than export.quantize.fallback.target_f1_drop on the tuning questions
 (never the gated ones) keeps its most sensitive layers in float: each compressible layer's sensitivity is the
 divergence of the start/end distributions from the uncompressed model with only that layer compressed; then the
-most sensitive layers are left uncompressed one at a time until the tuning drop is within the target or the
-layer budget is spent. The steps run the proxy in float32 (many quick comparisons on a CPU without fast float16);
-the gate then scores the chosen package's float16 proxy on the gated questions as usual.
+most sensitive layers are left uncompressed one at a time until the tuning drop's paired interval lies within the
+target or the layer budget is spent; the step kept follows the int8 search's rule (int8_tuning.STOPPING_RULE). The
+steps run the proxy in float32 (many quick comparisons on a CPU without fast float16); the gate then scores the
+weights read back out of the chosen package, at float16, on the gated questions.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ import torch
 
 from pipeline.data import qa_windows
 from pipeline.export.coreml import compress, compressible_layers, load_wrapped, proxy_logits
-from pipeline.export.int8_tuning import distribution_divergence, tuning_records
-from pipeline.measurement.statistics import per_question_f1
+from pipeline.export.int8_tuning import (STOPPING_RULE, distribution_divergence, kept_step, tuning_records,
+                                         within_target)
+from pipeline.measurement.statistics import paired_bootstrap_interval, per_question_f1
 from pipeline.plan.config import PipelineConfig
 from pipeline.runtime import squad
 
@@ -53,8 +55,6 @@ def proxy_tuning(data_dir: Path, model_dir: Path, mask_input: bool, cfg: Pipelin
     from transformers import AutoTokenizer
 
     records, where = tuning_records(data_dir, cfg)
-    if records is None:
-        return None, where
     features = qa_windows.validation_windows(records, AutoTokenizer.from_pretrained(model_dir), cfg.squad)
     reference = proxy_logits(load_wrapped(model_dir, mask_input), features, cfg, half=False)
     gold = squad.gold_answers(records)
@@ -67,11 +67,13 @@ def answers(logits: tuple[np.ndarray, np.ndarray], records, features, cfg: Pipel
                                          max_answer_length=cfg.squad.max_answer_length)
 
 
-def tuning_drop(model: torch.nn.Module, tuning: ProxyTuning, cfg: PipelineConfig) -> tuple[float, tuple]:
-    """The compressed proxy's F1 drop from the uncompressed one on the tuning questions, and its logits."""
+def tuning_drop(model: torch.nn.Module, tuning: ProxyTuning, cfg: PipelineConfig) -> dict:
+    """The compressed proxy against the uncompressed one on the tuning questions: the F1 drop with its paired
+    interval and the label-free divergence over every tuning window (int8_tuning's measures)."""
     logits = proxy_logits(model, tuning.features, cfg, half=False)
-    drop = float((tuning.reference_f1 - tuning.f1(logits, cfg)).mean())
-    return round(drop, 3), logits
+    drops = tuning.reference_f1 - tuning.f1(logits, cfg)
+    return {"f1_drop": round(float(drops.mean()), 3), "f1_drop_interval": list(paired_bootstrap_interval(drops)),
+            "divergence": round(distribution_divergence(tuning.reference, logits, tuning.mask), 6)}
 
 
 def compress_with_fallback(model_dir: Path, mask_input: bool, variant: str, cfg: PipelineConfig,
@@ -82,9 +84,9 @@ def compress_with_fallback(model_dir: Path, mask_input: bool, variant: str, cfg:
     compressed = compress(load_wrapped(model_dir, mask_input), variant, ccfg)
     if tuning is None or variant == "fp16" or not ccfg.fallback:
         return compressed, None
-    before, _ = tuning_drop(compressed, tuning, cfg)
-    if before <= fcfg.target_f1_drop:
-        return compressed, {"before": {"f1_drop": before}, "fell_back": [], "tuned": "within the target"}
+    before = tuning_drop(compressed, tuning, cfg)
+    if within_target(before, fcfg.target_f1_drop):
+        return compressed, {"before": before, "fell_back": [], "tuned": "shown within the target"}
     layers = compressible_layers(load_wrapped(model_dir, mask_input), variant, ccfg)
     # Sensitivity on the first sensitivity_windows windows: one compression and one proxy run per layer.
     count = min(fcfg.sensitivity_windows, len(tuning.features))
@@ -97,18 +99,21 @@ def compress_with_fallback(model_dir: Path, mask_input: bool, variant: str, cfg:
         sensitivity[layer] = round(distribution_divergence(reference, proxy_logits(only, windows, cfg, half=False),
                                                            mask), 6)
     sensitivity = dict(sorted(sensitivity.items(), key=lambda item: -item[1]))
-    steps, best = [], (before, 0)
+    steps, measures = [], [before]
     for count, layer in enumerate(list(sensitivity)[:fcfg.max_layers], start=1):
         kept = tuple(list(sensitivity)[:count])
-        drop, _ = tuning_drop(compress(load_wrapped(model_dir, mask_input), variant, ccfg, keep_float=kept), tuning, cfg)
-        steps.append({"layer": layer, "sensitivity": sensitivity[layer], "f1_drop": drop})
-        logger.info("CoreML %s fallback: %s kept in float -> tuning F1 drop %s", variant, layer, drop)
-        if drop < best[0]:
-            best = (drop, count)
-        if drop <= fcfg.target_f1_drop:
+        measured = tuning_drop(compress(load_wrapped(model_dir, mask_input), variant, ccfg, keep_float=kept), tuning,
+                               cfg)
+        steps.append({"layer": layer, "sensitivity": sensitivity[layer], **measured})
+        measures.append(measured)
+        logger.info("CoreML %s fallback: %s kept in float -> tuning F1 drop %s %s", variant, layer,
+                    measured["f1_drop"], measured["f1_drop_interval"])
+        if within_target(measured, fcfg.target_f1_drop):
             break
-    kept = tuple(list(sensitivity)[:best[1]])
+    chosen_step = kept_step(measures, fcfg.target_f1_drop)  # the int8 search's stopping rule
+    kept = tuple(list(sensitivity)[:chosen_step])
     chosen = compress(load_wrapped(model_dir, mask_input), variant, ccfg, keep_float=kept) if kept else compressed
     return chosen, {"target_f1_drop": fcfg.target_f1_drop, "max_layers": fcfg.max_layers, "tuned_on": tuning.source,
-                    "before": {"f1_drop": before}, "sensitivity": sensitivity, "steps": steps, "fell_back": list(kept),
-                    "after": {"f1_drop": best[0]}, "reached_target": best[0] <= fcfg.target_f1_drop}
+                    "stopping_rule": STOPPING_RULE, "before": before, "sensitivity": sensitivity, "steps": steps,
+                    "fell_back": list(kept), "after": measures[chosen_step],
+                    "reached_target": within_target(measures[chosen_step], fcfg.target_f1_drop)}

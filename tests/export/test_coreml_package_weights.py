@@ -115,7 +115,7 @@ def gate_inputs(packages):
     from transformers import AutoTokenizer
 
     cfg, student = packages["cfg"], packages["student"]
-    questions = gate_questions(packages["data"], student, cfg.export.gates.dev_questions)
+    questions = gate_questions(packages["data"], student, cfg)
     features = qa_windows.validation_windows(questions.records, AutoTokenizer.from_pretrained(student), cfg.squad)
     return questions, features, cfg
 

@@ -44,6 +44,6 @@ def test_no_fallback_where_the_compressed_proxy_is_within_the_target(exported_st
     cfg.export.quantize.fallback.target_f1_drop = 100.0
     tuning, _ = proxy_tuning(data, student, True, cfg)
     _, record = compress_with_fallback(student, True, "int8", cfg, tuning)
-    assert record["fell_back"] == [] and record["tuned"] == "within the target"
+    assert record["fell_back"] == [] and record["tuned"] == "shown within the target"
     _, record = compress_with_fallback(student, True, "fp16", cfg, tuning)
     assert record is None
