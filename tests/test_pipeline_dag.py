@@ -116,9 +116,11 @@ def test_the_bundle_answers_dev_questions_like_the_pytorch_student_without_torch
     answers = json.loads(out.read_text())
     pytorch = json.loads((dag_outputs / "distill_squad" / "predictions.json").read_text())
     assert answers.keys() == pytorch.keys()
-    # The bundled graph is the chosen int8 variant: the CLI gives exactly the answers quantize_onnx scored.
+    # The bundled graph is the chosen int8 variant: the CLI, answering the whole dev file, gives exactly the answers
+    # quantize_onnx scored on the gated questions (each question is run on its own windows, whatever is beside it).
     choice = json.loads((dag_outputs / "quantized" / "student" / "quantize.json").read_text())["bundle_choice"]
-    assert answers == json.loads((dag_outputs / "quantized" / "student" / choice / "predictions.json").read_text())
+    scored = json.loads((dag_outputs / "quantized" / "student" / choice / "predictions.json").read_text())
+    assert len(scored) < len(answers) and {qid: answers[qid] for qid in scored} == scored
     # The fp32 graph through the same torch-free answerer gives PyTorch's answers (the export_onnx gate).
     fp32 = json.loads((dag_outputs / "onnx" / "student" / "fp32" / "predictions.json").read_text())
     assert sum(fp32[k] == pytorch[k] for k in pytorch) / len(pytorch) >= 0.99
