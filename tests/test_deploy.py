@@ -11,6 +11,7 @@ from transformers import BertForMaskedLM, BertForQuestionAnswering, BertTokenize
 
 from pipeline.plan.config import ConfigError
 from pipeline.plan.deploy import DeployError, check_local_model, deploy_root, load_deployable
+from pipeline.runtime import squad
 from tests.dag_run import snakemake_command
 from tests.deploy_run import answerable_questions, tiny_qa_model_with_its_own_vocabulary
 from tests.dry_run import command_line_dry_run
@@ -159,28 +160,45 @@ def test_the_documented_offline_deploy_runs_as_written(documented_offline_deploy
     predictions = json.loads((root / "deployed_model" / "predictions.json").read_text())
     assert len(predictions) == deployed["n_examples"] == answerable
     export = json.loads((root / "onnx" / "deployed" / "export.json").read_text())
-    assert export["pytorch"]["f1"] == deployed["f1"]  # the gates hold the exports to this model's own answers
-    assert export["fp32"]["passed"] and export["optimized"]["passed"]
     quantized = json.loads((root / "quantized" / "deployed" / "quantize.json").read_text())
-    # Every dev question is gated: none is left to calibrate static scales on, and the qdq recipes say so.
-    assert quantized["left_out_recipes"] and all("calibrate" in why for why in quantized["left_out_recipes"].values())
-    assert quantized["bundle_choice"] and not any("qdq" in name for name in quantized["variants"])
+    # The dev file is smaller than export.gates.dev_questions + the tuning questions: it is split by paragraph,
+    # the gates score one part and the int8 search tunes on the other, as written in the documented command.
+    gated = quantized["gated_ids"]
+    assert quantized["dev_split"] == data["dev_split"] and 0 < len(gated) < answerable
+    assert len(gated) + len(quantized["tuning_ids"]) == answerable and not set(gated) & set(quantized["tuning_ids"])
+    # the gates hold the exports to this model's own answers on the gated questions
+    gold = {record["id"]: record["answers"]["text"] for record in map(json.loads, (root / "data" / "dev.jsonl")
+                                                                      .read_text().splitlines())}
+    pytorch_f1 = squad.squad_v1_scores({qid: gold[qid] for qid in gated}, {qid: predictions[qid] for qid in gated})
+    assert export["pytorch"]["f1"] == quantized["pytorch_f1"] == round(pytorch_f1["f1"], 3)
+    assert export["fp32"]["passed"] and export["optimized"]["passed"]
+    # the accuracy-aware int8 ran: static (qdq) recipes calibrated on tuning questions only
+    assert any("qdq" in name for name in quantized["variants"]) and not quantized["left_out_targets"]
+    assert quantized["reads"]["static_calibration"]
+    for step, ids in quantized["reads"].items():
+        assert set(ids) <= set(quantized["tuning_ids"]) and not set(ids) & set(gated), step
     agreement = quantized["variants"]["int8"]["gates"]["answer_agreement"]
     assert agreement["minimum"] is None and agreement["passed"] is None  # recorded, not a gate (configs/deploy.yaml)
     bundle = json.loads((root / "bundle" / "metrics.json").read_text())
-    assert bundle["n_questions"] == answerable and (root / "bundle" / "model.int8.ort").is_file()
+    assert bundle["n_questions"] == len(gated) and (root / "bundle" / "model.fp32.onnx").is_file()
+    if quantized["bundle_choice"]:
+        assert (root / "bundle" / "model.int8.ort").is_file() and bundle["int8_note"] is None
+    else:  # the bundle ships without int8 and says why in one line, at the end of the run too
+        assert (root / "bundle" / "model.fp32.ort").is_file() and bundle["int8_note"] in completed.stdout
     summary = json.loads((root / "report" / "summary.json").read_text())
     assert set(summary["models"]) == {"deployed"} and summary["models"]["deployed"]["f1"] == deployed["f1"]
-    assert summary["full_size"] == [] and "deployed/ort-int8" in {item["name"] for item in summary["artifacts"]}
+    ort_item = "deployed/ort-int8" if quantized["bundle_choice"] else "deployed/ort-fp32"
+    assert summary["full_size"] == [] and ort_item in {item["name"] for item in summary["artifacts"]}
     assert [item["what"] for item in summary["skipped_timings"]] == ["Chromium timings (onnxruntime-web in a page)"]
     assert {"onnx-node", "onnx-web"} <= {item["format"] for item in summary["artifacts"]}  # Node's timings ran
-    assert any(row["shipped"] and row["variant"] == f"onnx-{quantized['bundle_choice']}" for row in summary["gates"])
+    shipped_variant = f"onnx-{quantized['bundle_choice']}" if quantized["bundle_choice"] else "onnx-fp32"
+    assert any(row["shipped"] and row["variant"] == shipped_variant for row in summary["gates"])
     report_text = (root / "report" / "report.md").read_text()
     assert report_text.startswith("# ./my-qa-model, deployed as it is") and "## Training" not in report_text
     assert "## Gates: what ships" in report_text and "Not timed on this machine: Chromium timings" in report_text
     # the dev file holds fewer questions than export.gates.dev_questions: the report says how many were scored
-    assert (f"on {answerable} dev questions (the whole dev set, which holds fewer than export.gates.dev_questions: "
-            "1000)") in report_text
+    assert (f"{len(gated)} gated dev questions (a dev set smaller than export.gates.dev_questions 1000 plus the "
+            "int8 tuning questions is split between them") in report_text
     card = ModelCard.load(root / "deployed_model" / "README.md")
     assert card.data.license is None and card.data.eval_results[1].metric_value == deployed["f1"]
     assert not any((root / stage).exists() for stage in ("teacher", "distill_squad", "tokenizer", "corpus", "full_size"))

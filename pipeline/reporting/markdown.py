@@ -10,9 +10,11 @@ def gated_questions(rows: list[dict], dev_questions: int | None) -> str:
     """The dev questions the gates scored, as the exports recorded them: the first export.gates.dev_questions, or
     fewer where the dev set is split with the int8 tuning (pipeline/export/dev_split.py)."""
     scored = " / ".join(str(n) for n in sorted({row["n_questions"] for row in rows if row.get("n_questions")}))
-    if not scored or scored == str(dev_questions):
+    if (not scored and dev_questions) or scored == str(dev_questions):
         return f"the first {dev_questions} dev questions (export.gates.dev_questions)"
-    return (f"the first {scored} dev questions (a dev set smaller than export.gates.dev_questions "
+    if not scored:
+        return "the gated dev questions"
+    return (f"{scored} gated dev questions (a dev set smaller than export.gates.dev_questions "
             f"{dev_questions or 'all'} plus the int8 tuning questions is split between them: quantize.json's "
             "dev_split)")
 

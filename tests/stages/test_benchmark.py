@@ -61,8 +61,10 @@ def test_the_gates_say_how_many_dev_questions_they_scored():
     recorded = [{"n_questions": 1000}, {"n_questions": None}]  # a CoreML package scored on no dev set
     assert markdown.gated_questions(recorded, 1000) == "the first 1000 dev questions (export.gates.dev_questions)"
     assert markdown.gated_questions([{"n_questions": 119}], 1000) == (
-        "119 dev questions (the whole dev set, which holds fewer than export.gates.dev_questions: 1000)")
-    assert markdown.gated_questions([{"n_questions": 42}], None) == "42 dev questions (the whole dev set)"
+        "119 gated dev questions (a dev set smaller than export.gates.dev_questions 1000 plus the int8 tuning "
+        "questions is split between them: quantize.json's dev_split)")
+    assert markdown.gated_questions([{"n_questions": 42}], None).startswith(
+        "42 gated dev questions (a dev set smaller than export.gates.dev_questions all plus")
     assert markdown.gated_questions([], 1000) == "the first 1000 dev questions (export.gates.dev_questions)"
 
 
