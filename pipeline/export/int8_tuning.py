@@ -1,15 +1,17 @@
 """Accuracy-aware int8: the search the quantize stage calls once, in named steps.
 
-  calibration   tuning questions the gates never score: the first training questions, or (a deploy, which has
-                no training set) the dev questions past export.gates.dev_questions. They calibrate the static
-                (qdq) scales and drive the sensitivity and the fallback.
-  build         every recipe of the grid (pipeline/export/int8.py), and the 4-bit graph.
-  fallback      a recipe whose answers on the tuning questions lose more F1 than export.quantize.fallback's
-                target is tuned as Intel Neural Compressor tunes post-training int8: each quantizable layer's
-                sensitivity (the start/end distributions' KL divergence from the fp32 graph with only that layer
-                quantized), then the most sensitive layers back to fp32, one at a time, until the tuning F1 drop
-                is within the target or the layer budget is spent. Only the recipes most accurate on the tuning
-                questions are tuned (each costs one build per layer).
+  calibration   tuning questions the gates never score: held-out dev questions on paragraphs with no gated
+                question (pipeline/export/dev_split.py), never training questions (the model was fitted on
+                those). They calibrate the static (qdq) scales and drive the sensitivity and the fallback;
+                quantize.json records the ids each step read (`reads`).
+  build         every recipe of the grid (pipeline/export/int8.py), and the 4-bit graph; a recipe that cannot be
+                built or scored is a failed variant with its reason, never shipped.
+  fallback      a recipe whose tuning F1 drop is not shown within export.quantize.fallback's target is tuned as
+                Intel Neural Compressor tunes post-training int8: each quantizable layer's sensitivity (the
+                start/end distributions' KL divergence from the fp32 graph with only that layer quantized), then
+                the most sensitive layers back to fp32, one at a time, until the tuning drop's paired interval
+                lies within the target or the layer budget is spent (STOPPING_RULE). Only the recipes most
+                accurate on the tuning questions are tuned (each costs one build per layer).
   gate          every variant answers the gated dev questions and is judged (pipeline/export/gates.py).
   timing        every variant timed in turn in one process, and each fallen-back recipe beside its graph
                 without the fallback: what the fallback costs in latency.
