@@ -154,6 +154,9 @@ def build_root(work: Path) -> Path:
 
 def variant_row(variant: dict) -> dict:
     """What a variant cost: its F1 drop with interval and verdict, answer agreement, fallback and latency."""
+    if variant.get("error"):  # a variant that could not be built or scored: a failure, with its reason
+        return {"f1": None, "f1_drop": None, "f1_drop_interval": None, "verdict": variant["verdict"],
+                "error": variant["error"], "runtime": variant.get("runtime", "onnxruntime")}
     drop = variant["gates"]["f1_drop"]
     fallback = variant.get("fallback") or {}
     return {"f1": variant["f1"], "f1_drop": drop["value"], "f1_drop_interval": drop["interval"],

@@ -288,7 +288,9 @@ def real_model_table(run: dict) -> str:
              f"({training['epochs']} epochs, {training['steps']} steps); the documented deploy exited "
              f"{run['deploy']['exit_code']} after {minutes(run['deploy']['seconds'])}. PyTorch dev F1 "
              f"{run['pytorch_f1']:.1f} on the {run['gated_questions']} gated questions; int8 tuned on {run['tuned_on']}. "
-             "Latency: p50, batch 1, the deploy's windows, 1 thread; the ONNX variants timed in turn in one "
+             + (f"The bundle ships no int8 graph: {run['bundle']['int8_note']} " if (run.get("bundle") or {})
+                .get("int8_note") else "")
+             + "Latency: p50, batch 1, the deploy's windows, 1 thread; the ONNX variants timed in turn in one "
              "process, the OpenVINO one in its own.", "",
              "| variant | F1 | F1 drop [95 % interval] | verdict | answer agreement | layers back in fp32 (tuning F1 "
              "drop before → after) | p50 ms | fallback's latency cost |",
@@ -299,6 +301,9 @@ def real_model_table(run: dict) -> str:
         shipped |= {name for name, row in run["int8"].items() if row.get("runtime") == "openvino"}
     rows = [*run["int8"].items(), *((f"coreml-{name}", row) for name, row in (run.get("coreml") or {}).items())]
     for name, row in rows:
+        if row.get("error"):
+            lines.append(f"| {name} | n/a | n/a | {row['verdict']}: {row['error']} | | | | |")
+            continue
         low, high = row["f1_drop_interval"]
         verdict = row["verdict"] + (f" ({row['questions_to_decide']:,} questions would decide it)"
                                     if row.get("questions_to_decide") else "")
