@@ -113,7 +113,9 @@ def models_to_time(root: Path, with_full_size: bool = True, bundled: tuple[str, 
             raise WebBenchmarkError(f"{needed}: missing (run the pipeline's bundle rule first)")
     qa_config = read_json(bundle / "qa_config.json")
     student_config = read_json(root / stage / "config.json")
-    models = [{"model": name, "precision": "int8-optimized", "recipe": read_json(bundle / "metrics.json")["onnx_variant"],
+    bundled_int8 = qa_config["onnx"]["model"] == "model.int8.onnx"  # else no int8 passed: the app runs the fp32 graph
+    models = [{"model": name, "precision": "int8-optimized" if bundled_int8 else "fp32",
+               "recipe": read_json(bundle / "metrics.json")["onnx_variant"],
                "path": bundle / qa_config["onnx"]["model"], "max_positions": student_config["max_position_embeddings"],
                "vocab_size": student_config["vocab_size"], "full_size": False}]
     distilbert = root / "full_size" / "distilbert"
