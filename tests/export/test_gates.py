@@ -91,3 +91,32 @@ def test_ships_proven_always_unproven_unless_strict_rejected_never():
     assert gates.ships("proven", strict=True) and gates.ships("proven", strict=False)
     assert gates.ships("unproven", strict=False) and not gates.ships("unproven", strict=True)
     assert not gates.ships("rejected", strict=False)
+
+
+def test_a_missing_result_is_never_a_pass():
+    # no verdict (never scored, or a build that failed) never ships, strict or not
+    assert not gates.ships(None, strict=False) and not gates.ships(None, strict=True)
+    assert not gates.ships(gates.RECORDED, strict=False)
+    assert gates.overall_verdict({}) is None
+    assert gates.overall_verdict({"agreement": {"verdict": gates.RECORDED, "passed": None}}) is None
+    failed = gates.failed_report("int8-x", "build failed: ValueError: no calibration windows")
+    assert failed["verdict"] == gates.REJECTED and failed["passed"] is False
+    assert gates.failure_lines([failed]) == ["  int8-x: build failed: ValueError: no calibration windows"]
+    with pytest.raises(gates.GateError, match="int8-x: build failed"):
+        gates.raise_for_failures([failed], "quantized")
+
+
+def test_the_bundle_choice_counts_no_variant_without_a_verdict_as_proven():
+    from pipeline.export.int8 import choose_bundle_variant
+
+    latency = {"p50": 1.0, "p90": 1.1}
+    variants = {"int8": {"passed": True, "verdict": "unproven", "f1": 50.0, "latency_ms": latency, "size_mb": 1.0},
+                "int8-b": {"passed": True, "f1": 50.0, "latency_ms": {"p50": 0.5, "p90": 0.6}, "size_mb": 1.0},
+                "int8-c": {**gates.failed_report("int8-c", "scoring failed: x"), "size_mb": 1.0}}
+    f1 = {"int8": np.array([50.0, 50.0]), "int8-b": np.array([50.0, 50.0])}
+    choice, _, why = choose_bundle_variant(variants, f1, 0.05)
+    assert "none of 2 shipping variants proven" in why and choice in ("int8", "int8-b")
+    del variants["int8-b"]
+    assert choose_bundle_variant(variants, f1, 0.05)[0] == "int8"
+    variants["int8"]["passed"] = False
+    assert choose_bundle_variant(variants, f1, 0.05) == (None, None, "no int8 variant passed its gates")

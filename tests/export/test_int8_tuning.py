@@ -101,3 +101,26 @@ def test_the_fallback_puts_the_most_sensitive_layers_back_in_fp32_and_times_what
     for step, ids in searched["reads"].items():
         assert ids and set(ids) <= tuning_ids, step
     assert set(searched["reads"]["fallback_scoring"]) == tuning_ids
+
+
+def test_a_recipe_whose_build_raises_is_a_failed_variant_never_shipped(student, tmp_path, monkeypatch):
+    cfg, paths = copy.deepcopy(student["cfg"]), student["paths"]
+    quantize = cfg.export.quantize
+    quantize.int4, quantize.latency_runs, quantize.openvino, quantize.fallback.recipes = False, 5, False, 0
+    quantize.search_graphs, quantize.search_formats = ["plain"], ["qoperator"]
+    quantize.search_per_channel, quantize.search_attention_int8 = [True], [False]
+    real_quantize = int8_tuning.quantize_int8
+
+    def quantize_or_fail(source, target, recipe, *args, **kwargs):
+        if recipe.per_channel:  # the searched recipe; the naive baseline (per tensor here) builds
+            raise RuntimeError("the quantizer refused a node\nsecond line")
+        return real_quantize(source, target, recipe, *args, **kwargs)
+
+    monkeypatch.setattr(int8_tuning, "quantize_int8", quantize_or_fail)
+    questions = gate_questions(paths["data"], student["student"], cfg)
+    searched = int8_tuning.search(student["root"] / "onnx_student", paths["data"], tmp_path, cfg, questions, threads=1)
+    failed = searched["variants"]["int8-plain-qoperator-channel-attfp32"]
+    assert failed["passed"] is False and failed["verdict"] == "rejected" and failed["path"] is None
+    assert failed["error"] == "build failed: RuntimeError: the quantizer refused a node"
+    assert "int8-plain-qoperator-channel-attfp32" in searched["not_shipped"]
+    assert searched["bundle_choice"] == "int8" and searched["variants"]["int8"]["verdict"] in ("proven", "unproven")
