@@ -12,6 +12,7 @@ from transformers import BertForMaskedLM, BertForQuestionAnswering, BertTokenize
 from pipeline.plan.config import ConfigError
 from pipeline.plan.deploy import DeployError, check_local_model, deploy_root, load_deployable
 from tests.dag_run import snakemake_command
+from tests.dev_split_records import assert_tuning_steps_read_no_gated_question
 from tests.deploy_run import answerable_questions, tiny_qa_model_with_its_own_vocabulary
 from tests.dry_run import command_line_dry_run
 from tests.stage_fixtures import tiny_bert_config, tiny_config
@@ -161,10 +162,12 @@ def test_the_documented_offline_deploy_runs_as_written(documented_offline_deploy
     export = json.loads((root / "onnx" / "deployed" / "export.json").read_text())
     assert export["pytorch"]["f1"] == deployed["f1"]  # the gates hold the exports to this model's own answers
     assert export["fp32"]["passed"] and export["optimized"]["passed"]
-    quantized = json.loads((root / "quantized" / "deployed" / "quantize.json").read_text())
-    # Every dev question is gated: none is left to calibrate static scales on, and the qdq recipes say so.
-    assert quantized["left_out_recipes"] and all("calibrate" in why for why in quantized["left_out_recipes"].values())
-    assert quantized["bundle_choice"] and not any("qdq" in name for name in quantized["variants"])
+    # Every int8 tuning step read held-out dev questions only; every stage scored the gated ones
+    quantized = assert_tuning_steps_read_no_gated_question(root / "quantized" / "deployed", root / "onnx" / "deployed",
+                                                           root / "bundle")
+    # The static (qdq) recipes were calibrated on those held-out questions, and built
+    qdq = [name for name, recipe in quantized["int8_recipes"].items() if recipe["format"] == "qdq"]
+    assert qdq and all(quantized["variants"][name]["path"] for name in qdq) and quantized["bundle_choice"]
     agreement = quantized["variants"]["int8"]["gates"]["answer_agreement"]
     assert agreement["minimum"] is None and agreement["passed"] is None  # recorded, not a gate (configs/deploy.yaml)
     bundle = json.loads((root / "bundle" / "metrics.json").read_text())
