@@ -13,6 +13,7 @@ from pipeline.plan.config import ConfigError
 from pipeline.plan.deploy import DeployError, check_local_model, deploy_root, load_deployable
 from pipeline.runtime import squad
 from tests.dag_run import snakemake_command
+from tests.dev_split_records import assert_tuning_steps_read_no_gated_question
 from tests.deploy_run import answerable_questions, tiny_qa_model_with_its_own_vocabulary
 from tests.dry_run import command_line_dry_run
 from tests.stage_fixtures import tiny_bert_config, tiny_config
@@ -177,6 +178,12 @@ def test_the_documented_offline_deploy_runs_as_written(documented_offline_deploy
     assert quantized["reads"]["static_calibration"]
     for step, ids in quantized["reads"].items():
         assert set(ids) <= set(quantized["tuning_ids"]) and not set(ids) & set(gated), step
+    # Every int8 tuning step read held-out dev questions only; every stage scored the gated ones
+    assert_tuning_steps_read_no_gated_question(root / "quantized" / "deployed", root / "onnx" / "deployed",
+                                               root / "bundle")
+    # The static (qdq) recipes were calibrated on those held-out questions, and built
+    qdq = [name for name, recipe in quantized["int8_recipes"].items() if recipe["format"] == "qdq"]
+    assert qdq and all(quantized["variants"][name]["path"] for name in qdq)
     agreement = quantized["variants"]["int8"]["gates"]["answer_agreement"]
     assert agreement["minimum"] is None and agreement["passed"] is None  # recorded, not a gate (configs/deploy.yaml)
     bundle = json.loads((root / "bundle" / "metrics.json").read_text())

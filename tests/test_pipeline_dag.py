@@ -13,6 +13,7 @@ import pytest
 
 from tests.conftest import PROJECT_ROOT
 from tests.dag_run import PRETRAIN_STEPS
+from tests.dev_split_records import assert_tuning_steps_read_no_gated_question
 
 pytestmark = pytest.mark.integration
 
@@ -116,14 +117,25 @@ def test_the_bundle_answers_dev_questions_like_the_pytorch_student_without_torch
     answers = json.loads(out.read_text())
     pytorch = json.loads((dag_outputs / "distill_squad" / "predictions.json").read_text())
     assert answers.keys() == pytorch.keys()
-    # The bundled graph is the chosen int8 variant: the CLI, answering the whole dev file, gives exactly the answers
-    # quantize_onnx scored on the gated questions (each question is run on its own windows, whatever is beside it).
-    choice = json.loads((dag_outputs / "quantized" / "student" / "quantize.json").read_text())["bundle_choice"]
-    scored = json.loads((dag_outputs / "quantized" / "student" / choice / "predictions.json").read_text())
-    assert len(scored) < len(answers) and {qid: answers[qid] for qid in scored} == scored
+    # The bundled graph is the chosen int8 variant: on the gated questions, the CLI gives exactly the answers
+    # quantize_onnx scored.
+    quantized = json.loads((dag_outputs / "quantized" / "student" / "quantize.json").read_text())
+    scored = json.loads((dag_outputs / "quantized" / "student" / quantized["bundle_choice"] / "predictions.json")
+                        .read_text())
+    assert list(scored) == quantized["gated_ids"] and len(scored) < len(answers)
+    assert {qid: answers[qid] for qid in scored} == scored  # each question on its own windows, whatever is beside it
     # The fp32 graph through the same torch-free answerer gives PyTorch's answers (the export_onnx gate).
     fp32 = json.loads((dag_outputs / "onnx" / "student" / "fp32" / "predictions.json").read_text())
-    assert sum(fp32[k] == pytorch[k] for k in pytorch) / len(pytorch) >= 0.99
+    assert sum(fp32[k] == pytorch[k] for k in fp32) / len(fp32) >= 0.99
+
+
+def test_every_int8_tuning_step_read_tuning_questions_only_and_every_stage_scored_the_gated_ones(dag_outputs):
+    for model in ("student", "teacher"):  # export.models in configs/test.yaml; the bundle is the student's
+        quantized = assert_tuning_steps_read_no_gated_question(
+            dag_outputs / "quantized" / model, dag_outputs / "onnx" / model,
+            dag_outputs / "bundle" if model == "student" else None)
+        # the test config's int8 search: no static recipe (nothing calibrated for one), the x86 target calibrated
+        assert "openvino_calibration" in quantized["reads"] and "static_calibration" not in quantized["reads"], model
 
 
 def test_the_report_summary_follows_its_schema_and_every_timed_artifact_has_numbers(dag_outputs):

