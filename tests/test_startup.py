@@ -6,7 +6,7 @@ import importlib.util
 import subprocess
 import sys
 
-from tests.conftest import PROJECT_ROOT
+from tests.paths import PROJECT_ROOT
 
 # Both entry points run as Python runs them (`python -m pipeline`, the benchmark's worker), asked only for their
 # help; then a model class is imported as a stage imports it.

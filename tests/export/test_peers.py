@@ -302,7 +302,7 @@ def test_the_report_says_where_ours_is_ahead_of_each_peer_beyond_the_noise_and_w
 def test_the_summary_schema_takes_the_peer_rows():
     import jsonschema
 
-    from tests.conftest import PROJECT_ROOT
+    from tests.paths import PROJECT_ROOT
 
     schema = json.loads((PROJECT_ROOT / "configs" / "summary.schema.json").read_text())
     peer_schema = {**schema["properties"]["peers"], "definitions": schema["definitions"]}

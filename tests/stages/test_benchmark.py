@@ -11,7 +11,7 @@ from pipeline.export import int8, onnx_graph
 from pipeline.plan.config import BenchmarkConfig, PipelineConfig
 from pipeline.reporting import formatting, markdown, plots, summary
 from pipeline.stages import benchmark
-from tests.conftest import PROJECT_ROOT
+from tests.paths import PROJECT_ROOT
 
 
 @pytest.fixture(scope="module")
