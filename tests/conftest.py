@@ -1,9 +1,13 @@
-"""Shared test fixtures: paths, and the real SQuAD 2.0 dev sample read from ../shared (never copied in)."""
+"""Shared test fixtures: the real SQuAD 2.0 dev sample read from ../shared (never copied in), the exported tiny
+student and the end-to-end builds; the process settings every test runs with. Test modules import their helpers from
+modules (tests/paths.py, tests/stage_fixtures.py), never from here: pytest imports this file itself."""
 
 import os
 from pathlib import Path
 
 import pytest
+
+from tests.paths import SHARED_SQUAD_SAMPLE
 
 # One intra-op thread for torch in the tests and the processes they start, unless a test or a rule asks for more
 # (a rule's OMP_NUM_THREADS, benchmark.threads): a second thread does not speed up the tests' tiny models, and where
@@ -15,9 +19,6 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 from pipeline.startup import hide_unused_packages_from_transformers  # noqa: E402
 
 hide_unused_packages_from_transformers()
-
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
-SHARED_SQUAD_SAMPLE = PROJECT_ROOT.parent / "shared" / "data" / "squad2-dev-sample.json"
 
 
 def machine_line() -> str:

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.conftest import PROJECT_ROOT
+from tests.paths import PROJECT_ROOT
 from tests.dry_run import dry_run
 from tests.processes import kill_with_descendants, run, start
 

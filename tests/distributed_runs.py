@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psutil
 
-from tests.conftest import PROJECT_ROOT
+from tests.paths import PROJECT_ROOT
 from tests.processes import kill_with_descendants
 
 STEPS, LOG_EVERY = 60, 10

@@ -6,7 +6,7 @@ import shlex
 import subprocess
 from pathlib import Path
 
-from tests.conftest import PROJECT_ROOT
+from tests.paths import PROJECT_ROOT
 
 DOCUMENTS = [PROJECT_ROOT / "README.md", *sorted((PROJECT_ROOT / "docs").glob("*.md"))]
 

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
-from tests.conftest import PROJECT_ROOT
+from tests.paths import PROJECT_ROOT
 
 
 @contextlib.contextmanager

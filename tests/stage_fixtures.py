@@ -9,7 +9,7 @@ from pipeline.outputs.artifacts import atomic_write_json
 from pipeline.plan.config import PipelineConfig, load_config
 from pipeline.stages import init_student, prepare_data, tokenize_corpus, tokenizer
 from pipeline.stages.teacher import teacher_config_from_scratch
-from tests.conftest import PROJECT_ROOT
+from tests.paths import PROJECT_ROOT
 
 
 def tiny_bert_config(**overrides) -> BertConfig:

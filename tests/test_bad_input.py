@@ -21,7 +21,7 @@ import torch
 from pipeline.outputs.manifests import atomic_output_dir, ManifestError, write_manifest
 from pipeline.plan.config import TrainConfig
 from pipeline.training.loop import train
-from tests.conftest import PROJECT_ROOT
+from tests.paths import PROJECT_ROOT
 from tests.dry_run import command_line_dry_run
 
 CONTEXT = "Paris is the capital of France. Lyon is the third city."  # "France" at 24

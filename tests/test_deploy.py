@@ -219,7 +219,7 @@ def test_the_documented_offline_deploy_runs_as_written(documented_offline_deploy
 
 def test_the_readme_command_plans_the_deploy_dag_with_no_training_rule(tmp_path):
     """`snakemake deploy --configfile configs/deploy.yaml` over the default config (a dry run: no hub access)."""
-    from tests.conftest import PROJECT_ROOT
+    from tests.paths import PROJECT_ROOT
     from tests.dry_run import dry_run
 
     completed = dry_run(tmp_path, [PROJECT_ROOT / "configs" / "deploy.yaml"], {"output_root": str(tmp_path / "out")},

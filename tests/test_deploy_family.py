@@ -19,7 +19,7 @@ from pipeline.export.gates import GateError
 from pipeline.plan.deploy import DeployError, check_local_model
 from pipeline.runtime import answering
 from pipeline.stages import bundle, deploy_model, export_coreml, export_onnx, prepare_data, quantize
-from tests.conftest import PROJECT_ROOT, SHARED_SQUAD_SAMPLE
+from tests.paths import PROJECT_ROOT, SHARED_SQUAD_SAMPLE
 from tests.deploy_run import TINY_QA_CONFIGS, tiny_qa_model_with_its_own_vocabulary
 from tests.stage_fixtures import tiny_config
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PROJECT_ROOT
+from tests.paths import PROJECT_ROOT
 
 README = PROJECT_ROOT / "README.md"
 DOCS = sorted((PROJECT_ROOT / "docs").glob("*.md"))

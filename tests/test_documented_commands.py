@@ -25,7 +25,7 @@ def project(squad2_dev_sample_module, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def squad2_dev_sample_module():
-    from tests.conftest import SHARED_SQUAD_SAMPLE
+    from tests.paths import SHARED_SQUAD_SAMPLE
 
     if not SHARED_SQUAD_SAMPLE.is_file():
         pytest.skip(f"real SQuAD sample not found at {SHARED_SQUAD_SAMPLE} (../shared is absent)")

@@ -1,14 +1,17 @@
 """How the package's modules import each other: the folders are the layers (docs/rules.md, "Architecture"), each
 imports only its own layer and those below it, never in a circle (no stage imports another:
 tests/plan/test_code_inputs.py), and the layers that must stay light stay so (the planning layer, which Snakemake
-imports while it plans the DAG, and the runtime an app or a server imports to answer questions)."""
+imports while it plans the DAG, and the runtime an app or a server imports to answer questions). The tests import
+their helpers from modules (tests/paths.py, tests/stage_fixtures.py), never from a conftest.py, which pytest imports
+itself."""
 
+import ast
 import re
 import subprocess
 import sys
 
 from pipeline.plan.code_inputs import PACKAGE_DIR, imported_modules
-from tests.conftest import PROJECT_ROOT
+from tests.paths import PROJECT_ROOT
 
 # The layers, top first: a module imports its own layer's modules and those of the layers after it.
 LAYERS = ["stages", "reporting", "export", "distillation", "training", "data", "measurement", "runtime", "plan",
@@ -123,3 +126,15 @@ def test_the_planning_and_runtime_layers_import_neither_torch_nor_transformers()
                                 timeout=120)
         assert result.returncode == 0, result.stderr
         assert result.stdout.strip() == "[]", (layer, result.stdout)
+
+
+def test_no_test_module_imports_from_a_conftest():
+    importers = []
+    for path in sorted((PROJECT_ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+                     if isinstance(node, ast.ImportFrom) else
+                     [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            if any(name.split(".")[-1] == "conftest" for name in names):
+                importers.append(f"{path.relative_to(PROJECT_ROOT)}:{node.lineno}")
+    assert importers == []

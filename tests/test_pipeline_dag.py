@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PROJECT_ROOT
+from tests.paths import PROJECT_ROOT
 from tests.dag_run import PRETRAIN_STEPS
 from tests.dev_split_records import assert_tuning_steps_read_no_gated_question
 

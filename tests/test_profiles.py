@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PROJECT_ROOT
+from tests.paths import PROJECT_ROOT
 from tests.dry_run import command_line_dry_run, dry_run
 
 pytestmark = pytest.mark.integration

@@ -6,13 +6,13 @@ import importlib.util
 import subprocess
 import sys
 
-from tests.conftest import PROJECT_ROOT
+from tests.paths import PROJECT_ROOT
 
 # Both entry points run as Python runs them (`python -m pipeline`, the benchmark's worker), asked only for their
 # help; then a model class is imported as a stage imports it.
 ENTRY_POINTS_THEN_A_MODEL = """
 import contextlib, runpy, sys
-for module in ("pipeline", "pipeline.stages.benchmark"):
+for module in ("pipeline", "pipeline.measurement.workers"):
     sys.argv = [module, "--help"]
     with contextlib.suppress(SystemExit):  # --help ends with sys.exit
         runpy.run_module(module, run_name="__main__")

@@ -18,7 +18,7 @@ from tokenizers import Tokenizer
 from pipeline.plan.config import BenchmarkConfig
 from pipeline.runtime import answering
 from pipeline.stages import benchmark_web
-from tests.conftest import PROJECT_ROOT
+from tests.paths import PROJECT_ROOT
 
 CLIENT = PROJECT_ROOT / "clients" / "web"
 NODE = shutil.which("node")

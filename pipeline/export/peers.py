@@ -20,6 +20,10 @@ import logging
 import platform
 from pathlib import Path
 
+# The torch peer is quantized in the process that times it (a dynamically quantized model is never a file), so its
+# recipe lives in the measurement layer
+from pipeline.measurement.torch_peer import torch_dynamic_int8, torch_engines
+
 TORCH_PEER = "torch-dynamic-int8"
 ORT_PEER = "onnx-ortquantizer-int8"
 ORT_PEER_FILE = "model_quantized.onnx"  # ORTQuantizer's name for its output (file suffix "quantized")
@@ -66,24 +70,8 @@ def build_ortquantizer_int8(fp32_onnx_dir: Path, out_dir: Path, preset: str) -> 
     return out_dir / ORT_PEER_FILE, settings
 
 
-def torch_engines() -> list[str]:
-    """The quantized engines this torch build can run (x86, fbgemm, onednn, qnnpack, ...)."""
-    import torch
-
-    return [engine for engine in torch.backends.quantized.supported_engines if engine != "none"]
-
-
 def torch_peer_tool(engine: str) -> str:
     return f"torch.ao.quantization.quantize_dynamic (nn.Linear, qint8, engine {engine})"
-
-
-def torch_dynamic_int8(model, engine: str, inplace: bool = False):
-    """`model` (a copy unless inplace) with every Linear layer dynamically quantized to qint8, its weights packed
-    for `engine`."""
-    import torch
-
-    torch.backends.quantized.engine = engine  # the weights are packed for the engine set when quantizing
-    return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8, inplace=inplace)
 
 
 def state_dict_megabytes(model) -> float:

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from benchmarks import loss_paths
-from tests.conftest import PROJECT_ROOT
+from tests.paths import PROJECT_ROOT
 
 
 @pytest.fixture(scope="module")

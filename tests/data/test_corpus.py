@@ -19,7 +19,7 @@ from pipeline.data.corpus_writer import CorpusSource, corpus_source, is_heldout,
 from pipeline.data.mlm_batches import MaskedBatchCollator
 from pipeline.plan.config import ConfigError, DataConfig, TrainConfig
 from pipeline.stages import prepare_data, tokenizer as tokenizer_stage
-from tests.conftest import PROJECT_ROOT
+from tests.paths import PROJECT_ROOT
 from tests.stage_fixtures import tiny_config
 
 WORDS = "the river city born company worked years north museum painter long short a of in".split()

@@ -24,7 +24,7 @@ import pytest
 from pipeline.export.hf_layout import HfLayoutError, write_hf_layout
 from pipeline.outputs.manifests import file_sha256, verify_manifest
 from pipeline.runtime import answering
-from tests.conftest import PROJECT_ROOT
+from tests.paths import PROJECT_ROOT
 
 CLIENT = PROJECT_ROOT / "clients" / "web"
 NODE = shutil.which("node")

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from pipeline.export import onnx_graph, peers
+from pipeline.measurement import workers
 from pipeline.reporting import markdown, summary
 from pipeline.stages import benchmark, export_peers
 from tests.stage_fixtures import tiny_config
@@ -205,14 +206,14 @@ def test_export_peers_builds_the_named_peers_and_the_benchmark_times_them(tiny_f
                   f"distilbert/{peers.OPENVINO_PEER}-default", f"distilbert/{peers.OPENVINO_OURS}-f32"]
     for item in [items[name] for name in timed_here]:  # OpenVINO's last
         try:
-            latency, rss = benchmark.measure(item, cfg.benchmark)
+            latency, rss = workers.measure(item, cfg.benchmark)
         except RuntimeError:  # its CPU plugin refused the model at that precision on this machine (the log says)
             assert item["format"] == "openvino"
             refused.append(item["name"])
             continue
         assert latency["seq32"]["threads1"]["p50"] > 0 and rss > 0
         assert item["format"] != "openvino" or item["runtime_precision"] in ("f32", "bf16", "f16")
-        in_turn = benchmark.in_worker({**item, "ours": ours}, cfg.benchmark, "interleaved-with-ours")
+        in_turn = workers.in_worker({**item, "ours": ours}, cfg.benchmark, "interleaved-with-ours")
         assert set(in_turn) == {"seq32"}  # 256 is beyond the models' 128 positions
         assert set(in_turn["seq32"]) == {"threads1", "threads2"}  # every thread count, in turn in one process
         for pair in in_turn["seq32"].values():
@@ -302,7 +303,7 @@ def test_the_report_says_where_ours_is_ahead_of_each_peer_beyond_the_noise_and_w
 def test_the_summary_schema_takes_the_peer_rows():
     import jsonschema
 
-    from tests.conftest import PROJECT_ROOT
+    from tests.paths import PROJECT_ROOT
 
     schema = json.loads((PROJECT_ROOT / "configs" / "summary.schema.json").read_text())
     peer_schema = {**schema["properties"]["peers"], "definitions": schema["definitions"]}

@@ -59,3 +59,16 @@ def test_onnx_graphs_are_compared_on_batch_1_feeds_with_their_run_count(tmp_path
                               option_sets={"denormals": "denormals-as-zero"})
     assert list(timings) == ["default", "denormals"]
     assert all(cell["runs"] == 3 and 0 < cell["p50"] <= cell["p90"] for cell in timings.values())
+
+
+def test_session_option_sets_change_speed_settings_not_answers(tiny_int8):
+    import numpy as np
+
+    from pipeline.measurement.latency import SESSION_OPTIONS, onnx_session, synthetic_feed
+
+    outputs = {}
+    for option_set in SESSION_OPTIONS:
+        session = onnx_session(tiny_int8 / "int8.onnx", 1, option_set)
+        outputs[option_set] = session.run(None, synthetic_feed(session, 32, 200))
+    for start, end in outputs.values():
+        assert np.allclose(start, outputs["default"][0], atol=1e-5) and np.allclose(end, outputs["default"][1], atol=1e-5)

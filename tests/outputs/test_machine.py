@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from pipeline.outputs.machine import high_water_mark_mib
-from tests.conftest import PROJECT_ROOT
+from tests.paths import PROJECT_ROOT
 
 # A fresh process, so that no earlier peak hides the growth: its mark before and after 64 MiB are written.
 TOUCH_64_MIB = """

@@ -10,7 +10,7 @@ from pipeline.__main__ import main
 from pipeline.outputs.manifests import (ManifestError, atomic_output_dir, config_sha256, fingerprint, verify_input_dirs,
                                         verify_manifest)
 from pipeline.plan.config import PipelineConfig
-from tests.conftest import PROJECT_ROOT
+from tests.paths import PROJECT_ROOT
 
 
 def test_a_stage_output_folder_gets_a_manifest_of_every_file_with_config_hash_and_versions(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 
 from pipeline.plan import code_inputs
 from pipeline.plan.commands import COMMANDS
-from tests.conftest import PROJECT_ROOT
+from tests.paths import PROJECT_ROOT
 
 PACKAGE = PROJECT_ROOT / "pipeline"
 

@@ -8,7 +8,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from pipeline.plan.config import ConfigError, PipelineConfig, from_dict, load_config, pipeline_schema_yaml, to_dict, deep_merge
-from tests.conftest import PROJECT_ROOT
+from tests.paths import PROJECT_ROOT
 
 CONFIGS = PROJECT_ROOT / "configs"
 

@@ -2,7 +2,7 @@
 
 from pipeline.plan.config import load_config
 from pipeline.plan.model_registry import bundled_model, exported_models, trained_models
-from tests.conftest import PROJECT_ROOT
+from tests.paths import PROJECT_ROOT
 from tests.stage_fixtures import tiny_config
 
 

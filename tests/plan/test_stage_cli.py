@@ -19,7 +19,7 @@ from pipeline.__main__ import main
 from pipeline.plan import stage_cli
 from pipeline.plan.commands import STAGES
 from pipeline.plan.config import config_from_json
-from tests.conftest import PROJECT_ROOT
+from tests.paths import PROJECT_ROOT
 from tests.dry_run import dry_run
 
 CONFIGS = PROJECT_ROOT / "configs"

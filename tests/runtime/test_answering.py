@@ -13,7 +13,7 @@ from pipeline.data.squad_loading import load_squad
 from pipeline.plan.config import SquadConfig
 from pipeline.runtime import answering, squad
 from pipeline.stages import prepare_data, tokenizer
-from tests.conftest import PROJECT_ROOT
+from tests.paths import PROJECT_ROOT
 from tests.stage_fixtures import tiny_config
 
 HARD_CONTEXTS = [

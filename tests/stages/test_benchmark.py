@@ -1,52 +1,23 @@
-"""Stages benchmark and report: timing in a separate process, profiles, summary schema. The builds the benchmark
-times: tests/export/test_full_size_builds.py, tests/stages/test_int8_search.py, tests/export/test_peers.py."""
+"""Stages benchmark and report: the report's tables, plots and summary schema. The timing machinery the benchmark
+calls: tests/measurement/; the builds it times and the entries it lists: tests/export/test_full_size_builds.py,
+tests/stages/test_int8_search.py, tests/export/test_peers.py."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from pipeline.export import int8, onnx_graph
 from pipeline.plan.config import BenchmarkConfig, PipelineConfig
 from pipeline.reporting import formatting, markdown, plots, summary
 from pipeline.stages import benchmark
-from tests.conftest import PROJECT_ROOT
+from tests.paths import PROJECT_ROOT
 
 
-@pytest.fixture(scope="module")
-def tiny_int8(tmp_path_factory):
-    from transformers import DistilBertConfig, DistilBertForQuestionAnswering
-
-    root = tmp_path_factory.mktemp("bench")
-    model = DistilBertForQuestionAnswering(DistilBertConfig(vocab_size=200, dim=32, n_layers=2, n_heads=2,
-                                                            hidden_dim=64, max_position_embeddings=128))
-    model.save_pretrained(root / "pytorch")
-    onnx_graph.export_fp32(root / "pytorch", root / "fp32", None)
-    naive = int8.Int8Recipe("plain", "qoperator", per_channel=False, attention_int8=False)
-    int8.quantize_int8(root / "fp32" / "model.onnx", root / "int8.onnx", naive, reduce_range=False)
-    return root
-
-
-def item(path, fmt="onnx", max_positions=128):
-    return {"name": "tiny", "format": fmt, "path": str(path), "max_positions": max_positions, "vocab_size": 200}
-
-
-def test_each_artifact_is_timed_in_its_own_process_with_its_peak_memory(tiny_int8):
-    cfg = BenchmarkConfig(sequence_lengths=[32, 256], threads=[1, 2], runs=2, warmup=1)
-    latency, peak_rss_mib = benchmark.measure(item(tiny_int8 / "int8.onnx"), cfg)
-    assert latency["seq256"] is None  # longer than the model's 128 positions
-    assert set(latency["seq32"]) == {"threads1", "threads2"}
-    assert 0 < latency["seq32"]["threads1"]["p50"] <= latency["seq32"]["threads1"]["p90"]
-    assert peak_rss_mib > 20  # a Python process with onnxruntime loaded
-    torch_latency, torch_rss = benchmark.measure(item(tiny_int8 / "pytorch" / "model.safetensors", "pytorch"), cfg)
-    assert torch_latency["seq32"]["threads2"]["p50"] > 0 and torch_rss > peak_rss_mib
-
-
-def test_the_profile_attributes_kernel_time_to_operator_types(tiny_int8, tmp_path):
-    ops = benchmark.profile_ops(tiny_int8 / "int8.onnx", 32, 200, 2, tmp_path)
-    assert ops and sum(op["share"] for op in ops) <= 1.0001
-    assert any(op["op"] in ("MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat") for op in ops)
+def test_openvino_runs_the_fastest_static_graph_the_int8_search_passed():
+    search = {"candidates": {"dynamic": {"recipe": {"format": "qoperator"}, "latency_ms": {"p50": 1.0, "p90": 1.0}},
+                             "slow-qdq": {"recipe": {"format": "qdq"}, "latency_ms": {"p50": 3.0, "p90": 3.0}},
+                             "fast-qdq": {"recipe": {"format": "qdq"}, "latency_ms": {"p50": 2.0, "p90": 9.0}}}}
+    assert benchmark.fastest_static_graph(search) == "fast-qdq"
+    assert benchmark.fastest_static_graph({"candidates": {"dynamic": search["candidates"]["dynamic"]}}) is None
 
 
 def test_ratios_and_missing_timings():
@@ -114,26 +85,3 @@ def test_the_report_shows_chromium_entries_at_each_thread_count_in_the_summary_s
     assert "Chromium: WebAssembly threads 1, 2" in note
     assert markdown.skipped_note(summary_data["skipped_timings"]) == [
         "", "Not timed on this machine: Chromium timings (onnxruntime-web in a page) (no Chromium at /nowhere)."]
-
-
-def test_session_option_sets_change_speed_settings_not_answers(tiny_int8):
-    import numpy as np
-
-    from pipeline.measurement.latency import SESSION_OPTIONS, onnx_session, synthetic_feed
-
-    outputs = {}
-    for option_set in SESSION_OPTIONS:
-        session = onnx_session(tiny_int8 / "int8.onnx", 1, option_set)
-        outputs[option_set] = session.run(None, synthetic_feed(session, 32, 200))
-    for start, end in outputs.values():
-        assert np.allclose(start, outputs["default"][0], atol=1e-5) and np.allclose(end, outputs["default"][1], atol=1e-5)
-
-
-def test_a_timing_process_starts_without_torch_or_the_export_libraries():
-    # Every timed artifact runs in a fresh process that imports the stage module: what it imports is start-up time
-    # charged to each of the benchmark's dozens of processes.
-    script = ("import sys, pipeline.stages.benchmark; "
-              "print(sorted(m for m in ('torch', 'coremltools', 'pipeline.export.int8') if m in sys.modules))")
-    completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
-                               cwd=PROJECT_ROOT)
-    assert completed.stdout.strip() == "[]"

@@ -15,8 +15,8 @@ from pipeline.export.gates import GateError
 from pipeline.outputs.manifests import verify_manifest, write_manifest
 from pipeline.runtime import answering
 from pipeline.stages import export_coreml, export_full_size, export_onnx, quantize
-from tests.conftest import PROJECT_ROOT
 from tests.dev_split_records import assert_tuning_steps_read_no_gated_question
+from tests.paths import PROJECT_ROOT
 from tests.stage_fixtures import EXPORT_RELAXED, tiny_config, tiny_qa_model_dir
 
 # The shared student export (tests/conftest.py::exported_student) runs with the compressed-variant gates relaxed,

@@ -7,7 +7,7 @@ import pytest
 from pipeline.plan import study_runs
 from pipeline.plan.config import STUDY_VARIANTS, ConfigError, PipelineConfig, from_dict, to_dict
 from pipeline.stages import study
-from tests.conftest import PROJECT_ROOT
+from tests.paths import PROJECT_ROOT
 from tests.dry_run import dry_run
 from tests.stage_fixtures import tiny_config
 

@@ -1,0 +1,52 @@
+"""Peers timed in turn, in one process, so a drift in machine speed hits each alike: the torch peer on every
+quantized engine (round-robin, to choose its engine), and a peer beside our int8 graph by blocks at every length
+and thread count (latency.time_in_blocks: one runtime's spinning threads must not slow the other)."""
+
+from __future__ import annotations
+
+from pipeline.measurement.latency import fastest_first, time_in_blocks, time_in_turn
+from pipeline.measurement.runners import load_pytorch, runner
+from pipeline.measurement.torch_peer import torch_dynamic_int8, torch_engines
+from pipeline.plan.config import BenchmarkConfig
+
+
+def search_torch_engine(item: dict, cfg: BenchmarkConfig) -> dict:
+    """The torch peer on every quantized engine this torch build has, timed round-robin at the longest length with
+    1 thread (cfg.search_runs each after cfg.warmup), so drift in machine speed hits every engine alike."""
+    import torch
+
+    torch.set_num_threads(1)
+    fp32 = load_pytorch({**item, "precision": "fp32"})
+    length = min(max(cfg.sequence_lengths), item["max_positions"])
+
+    def on_engine(engine: str):
+        run_once = runner(item, length, 1, torch_dynamic_int8(fp32, engine))
+
+        def run_on_engine():
+            torch.backends.quantized.engine = engine  # the engine its weights were packed for
+            run_once()
+        return run_on_engine
+
+    engines = time_in_turn({engine: on_engine(engine) for engine in torch_engines()}, cfg.search_runs, cfg.warmup)
+    return {"sequence_length": length, "threads": 1, "runs": cfg.search_runs, "engines": engines,
+            "choice": fastest_first(engines)[0]}
+
+
+def interleaved_with_ours(peer: dict, ours: dict, cfg: BenchmarkConfig) -> dict:
+    """The peer and our graph timed in one process, in turn by blocks (latency.time_in_blocks: cfg.runs each after
+    cfg.warmup) at every length and thread count, so a drift in machine speed cannot make one look faster, nor one
+    runtime's spinning threads slow the other: {seqL: {"threadsN": {"peer": {p50, p90}, "ours": {p50, p90}}}}."""
+    peer_model = load_pytorch(peer) if peer["format"] == "pytorch" else None
+    comparison: dict = {}
+    for length in cfg.sequence_lengths:
+        if length > min(peer["max_positions"], ours["max_positions"]):
+            continue
+        comparison[f"seq{length}"] = {}
+        for threads in cfg.threads:
+            if peer_model is not None:
+                import torch
+
+                torch.set_num_threads(threads)  # the ONNX and OpenVINO runners pin their own
+            runs_once = {"peer": runner(peer, length, threads, peer_model), "ours": runner(ours, length, threads)}
+            comparison[f"seq{length}"][f"threads{threads}"] = time_in_blocks(runs_once, cfg.runs, cfg.warmup)
+    return comparison

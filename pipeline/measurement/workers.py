@@ -1,0 +1,116 @@
+"""Each timing in a fresh worker process: an artifact's latency table with the process's peak resident memory, the
+torch peer's engine search, a peer in turn with our graph. A fresh process per artifact keeps one artifact's memory
+and threads out of the next one's figures; this module's start-up is charged to each of them, so it imports no
+export library and no torch until a PyTorch artifact is loaded.
+
+`python -m pipeline.measurement.workers` is the worker's command line (in_worker starts it; not a user's command:
+that is `python -m pipeline benchmark`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from pipeline.measurement.peer_timing import interleaved_with_ours, search_torch_engine
+from pipeline.measurement.runners import latency_table
+from pipeline.outputs.artifacts import atomic_write_json, read_json
+from pipeline.outputs.machine import high_water_mark_mib
+from pipeline.plan.config import BenchmarkConfig
+
+logger = logging.getLogger(__name__)
+
+TASKS = ("latency", "torch-engine-search", "interleaved-with-ours")
+
+
+def in_worker(item: dict, cfg: BenchmarkConfig, task: str = "latency") -> dict:
+    """Run `task` on the artifact in a fresh process; returns what it wrote (see worker_main)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Path(scratch) / "result.json"
+        command = [sys.executable, "-m", "pipeline.measurement.workers", "--worker", json.dumps(item),
+                   "--benchmark-json", json.dumps(cfg.__dict__), "--task", task, "--out", str(out)]
+        completed = subprocess.run(command)
+        if completed.returncode != 0 or not out.is_file():
+            raise RuntimeError(f"{task} of {item['name']} failed (exit code {completed.returncode}); the log above "
+                               "has its error")
+        return read_json(out)
+
+
+def measure(item: dict, cfg: BenchmarkConfig) -> tuple[dict, float | None]:
+    """Run the timing in a fresh process; returns its latencies and its peak resident memory in MiB, and sets an
+    OpenVINO item's runtime_precision (what its hint resolved to)."""
+    result = in_worker(item, cfg)
+    if "runtime_precision" in result:
+        item["runtime_precision"] = result["runtime_precision"]
+    return result["latency_ms"], result["peak_rss_mib"]
+
+
+def time_artifacts(items: list[dict], cfg: BenchmarkConfig) -> None:
+    """Time every benchmark entry in place, each in its own process: its "latency_ms" and "peak_rss_mib" (null for
+    one not timed); then each peer ("peer_of" names our graph) in turn with our graph, when both were timed, as
+    "interleaved_with_ours". An OpenVINO entry its CPU plugin refuses is left untimed, saying why."""
+    for item in items:
+        if not item["timed"]:
+            item["latency_ms"], item["peak_rss_mib"] = None, None
+            continue
+        logger.info("timing %s", item["name"])
+        try:
+            item["latency_ms"], item["peak_rss_mib"] = measure(item, cfg)
+        except RuntimeError as error:
+            if item["format"] != "openvino":
+                raise
+            # OpenVINO's CPU plugin can refuse a model at a precision on some CPUs or SIMD settings: that entry is
+            # left untimed, saying why, and the benchmark goes on
+            logger.warning("not timed: %s: %s", item["name"], error)
+            item.update(timed=False, latency_ms=None, peak_rss_mib=None,
+                        untimed_reason=f"OpenVINO did not run it on this machine ({error})")
+    by_name = {item["name"]: item for item in items}
+    for peer in (item for item in items if "peer_of" in item):
+        ours = by_name.get(peer["peer_of"])
+        if ours is not None and ours["timed"] and peer["timed"]:
+            logger.info("timing %s and %s in turn", peer["name"], ours["name"])
+            peer["interleaved_with_ours"] = in_worker({**peer, "ours": ours}, cfg, "interleaved-with-ours")
+
+
+def worker_main(item_json: str, benchmark_json: str, task: str, out: Path) -> int:
+    item = json.loads(item_json)
+    cfg = BenchmarkConfig(**json.loads(benchmark_json))
+    if task == "torch-engine-search":
+        atomic_write_json(out, search_torch_engine(item, cfg))
+    elif task == "interleaved-with-ours":
+        atomic_write_json(out, interleaved_with_ours(item, item["ours"], cfg))
+    else:
+        latency = latency_table(item, cfg)
+        peak = high_water_mark_mib()
+        result = {"latency_ms": latency, "peak_rss_mib": None if peak is None else round(peak, 1)}
+        if item["format"] == "openvino":  # what its precision hint resolved to on this CPU
+            from pipeline.runtime.openvino_session import OpenVinoSession
+
+            result["runtime_precision"] = OpenVinoSession(item["path"], 1, item["openvino_precision"]).precision
+        atomic_write_json(out, result)
+    return 0
+
+
+def worker_cli(argv: list[str] | None = None) -> int:
+    """`python -m pipeline.measurement.workers --worker ITEM --benchmark-json JSON --task TASK --out FILE`: one task
+    on one artifact in this process, as in_worker starts it (not a user's command: that is `python -m pipeline
+    benchmark`)."""
+    parser = argparse.ArgumentParser(prog="python -m pipeline.measurement.workers", description=worker_cli.__doc__)
+    parser.add_argument("--worker", required=True, help="the artifact, as JSON")
+    parser.add_argument("--benchmark-json", required=True, help="the benchmark config section, as JSON")
+    parser.add_argument("--task", default="latency", choices=TASKS)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    return worker_main(args.worker, args.benchmark_json, args.task, args.out)
+
+
+if __name__ == "__main__":
+    from pipeline.startup import hide_unused_packages_from_transformers
+
+    hide_unused_packages_from_transformers()  # each PyTorch timing worker loads a model (pipeline/startup.py)
+    sys.exit(worker_cli())

@@ -1,0 +1,67 @@
+"""pipeline/measurement/workers.py: each timing in a fresh process, with that process's peak memory; the benchmark's
+entries timed in place, an OpenVINO one its CPU plugin refuses left untimed, each peer then in turn with our graph."""
+
+import subprocess
+import sys
+
+import pytest
+
+from pipeline.measurement import workers
+from pipeline.plan.config import BenchmarkConfig
+from tests.paths import PROJECT_ROOT
+
+
+def entry(name, path="", fmt="onnx", max_positions=128, **fields):
+    return {"name": name, "format": fmt, "path": str(path), "max_positions": max_positions, "vocab_size": 200,
+            "timed": True, **fields}
+
+
+def test_each_artifact_is_timed_in_its_own_process_with_its_peak_memory(tiny_int8):
+    cfg = BenchmarkConfig(sequence_lengths=[32, 256], threads=[1, 2], runs=2, warmup=1)
+    latency, peak_rss_mib = workers.measure(entry("tiny", tiny_int8 / "int8.onnx"), cfg)
+    assert latency["seq256"] is None  # longer than the model's 128 positions
+    assert set(latency["seq32"]) == {"threads1", "threads2"}
+    assert 0 < latency["seq32"]["threads1"]["p50"] <= latency["seq32"]["threads1"]["p90"]
+    assert peak_rss_mib > 20  # a Python process with onnxruntime loaded
+    torch_entry = entry("tiny", tiny_int8 / "pytorch" / "model.safetensors", "pytorch")
+    torch_latency, torch_rss = workers.measure(torch_entry, cfg)
+    assert torch_latency["seq32"]["threads2"]["p50"] > 0 and torch_rss > peak_rss_mib
+
+
+def test_entries_are_timed_in_place_and_each_peer_then_in_turn_with_our_graph(monkeypatch):
+    started = []
+
+    def measure(item, cfg):
+        started.append(("latency", item["name"]))
+        if item["name"] == "refused":
+            raise RuntimeError("the CPU plugin refused it")
+        return {"seq32": {"threads1": {"p50": 1.0, "p90": 1.0}}}, 100.0
+
+    def in_worker(item, cfg, task):
+        started.append((task, item["name"], item["ours"]["name"]))
+        return {"seq32": {"threads1": {"peer": {}, "ours": {}}}}
+
+    monkeypatch.setattr(workers, "measure", measure)
+    monkeypatch.setattr(workers, "in_worker", in_worker)
+    items = [entry("ours"), entry("coreml", fmt="coreml", timed=False), entry("peer", peer_of="ours"),
+             entry("refused", fmt="openvino", peer_of="ours"), entry("peer-of-untimed", peer_of="coreml")]
+    workers.time_artifacts(items, BenchmarkConfig())
+    ours, coreml, peer, refused, peer_of_untimed = items
+    assert started == [("latency", "ours"), ("latency", "peer"), ("latency", "refused"),
+                       ("latency", "peer-of-untimed"), ("interleaved-with-ours", "peer", "ours")]
+    assert ours["peak_rss_mib"] == 100.0 and coreml["latency_ms"] is None and coreml["peak_rss_mib"] is None
+    assert refused["timed"] is False and refused["latency_ms"] is None
+    assert refused["untimed_reason"] == "OpenVINO did not run it on this machine (the CPU plugin refused it)"
+    assert "interleaved_with_ours" in peer and "interleaved_with_ours" not in peer_of_untimed
+    with pytest.raises(RuntimeError, match="refused"):  # only OpenVINO's refusal is a reason to go on
+        workers.time_artifacts([entry("refused")], BenchmarkConfig())
+
+
+def test_a_timing_process_starts_without_torch_or_the_export_libraries():
+    # Every timed artifact runs in a fresh process that imports the worker module: what it imports is start-up time
+    # charged to each of the benchmark's dozens of processes.
+    script = ("import sys, pipeline.measurement.workers; "
+              "print(sorted(m for m in ('torch', 'transformers', 'coremltools', 'pipeline.export') if m in sys.modules))")
+    completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                               cwd=PROJECT_ROOT)
+    assert completed.stdout.strip() == "[]"
