@@ -56,8 +56,18 @@ def test_one_layer_quantized_and_one_layer_kept(student, tmp_path):
     assert any(node.op_type == "MatMul" and weight in node.input for node in kept.node)  # still fp32, its weight too
 
 
-def test_the_fallback_puts_the_most_sensitive_layers_back_in_fp32_and_times_what_it_costs(student, tmp_path):
+def test_the_fallback_puts_the_most_sensitive_layers_back_in_fp32_and_times_what_it_costs(student, tmp_path,
+                                                                                           monkeypatch):
     cfg, paths = copy.deepcopy(student["cfg"]), student["paths"]
+    # Every logit the tuning computes (sensitivity, each fallback step's scoring) goes through graph_logits: seen
+    # there, the questions it read are tuning questions only
+    real_graph_logits, seen = int8_tuning.graph_logits, set()
+
+    def graph_logits(path, windows):
+        seen.update(windows.example_ids)
+        return real_graph_logits(path, windows)
+
+    monkeypatch.setattr(int8_tuning, "graph_logits", graph_logits)
     onnx_dir = student["root"] / "onnx_student"
     fallback = cfg.export.quantize.fallback
     fallback.recipes, fallback.max_layers = 1, 2
@@ -101,6 +111,7 @@ def test_the_fallback_puts_the_most_sensitive_layers_back_in_fp32_and_times_what
     for step, ids in searched["reads"].items():
         assert ids and set(ids) <= tuning_ids, step
     assert set(searched["reads"]["fallback_scoring"]) == tuning_ids
+    assert seen == tuning_ids  # what the sensitivity and the fallback's steps were fed
 
 
 def test_a_recipe_whose_build_raises_is_a_failed_variant_never_shipped(student, tmp_path, monkeypatch):
