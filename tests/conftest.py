@@ -55,23 +55,59 @@ def exported_student(tmp_path_factory) -> dict:
     return export_tiny_student(tmp_path_factory.mktemp("exported_student"))
 
 
+@pytest.fixture(scope="session")
+def tiny_int8(tmp_path_factory) -> Path:
+    """A 2-layer DistilBERT QA model (pytorch/), its fp32 ONNX export (fp32/model.onnx) and a naive int8 graph of it
+    (int8.onnx), built once per test process for the timing tests of tests/measurement/ (read only)."""
+    from transformers import DistilBertConfig, DistilBertForQuestionAnswering
+
+    from pipeline.export import int8, onnx_graph
+
+    root = tmp_path_factory.mktemp("tiny_int8")
+    model = DistilBertForQuestionAnswering(DistilBertConfig(vocab_size=200, dim=32, n_layers=2, n_heads=2,
+                                                            hidden_dim=64, max_position_embeddings=128))
+    model.save_pretrained(root / "pytorch")
+    onnx_graph.export_fp32(root / "pytorch", root / "fp32", None)
+    naive = int8.Int8Recipe("plain", "qoperator", per_channel=False, attention_int8=False)
+    int8.quantize_int8(root / "fp32" / "model.onnx", root / "int8.onnx", naive, reduce_range=False)
+    return root
+
+
 # The end-to-end builds: each is made once per run by the worker that runs its tests (below), and read only. The
 # last is benchmarks/gpu_check.sh's dry run (tests/benchmarks/test_gpu_check.py).
 END_TO_END_BUILDS = ("dag_run", "documented_offline_deploy", "distributed_runs", "gpu_check_dry_run")
 
 
+# pytest-xdist's options that pyproject.toml's addopts give (the tests on every core).
+XDIST_ADDOPTS = ("--numprocesses", "--maxprocesses", "--dist")
+
+
+def pytest_addoption(parser, pluginmanager):
+    """With pytest-xdist left out (`pytest -p no:xdist`), the xdist options of pyproject.toml's addopts are accepted
+    and do nothing, so the tests run in this one process; with it, they are xdist's own."""
+    if pluginmanager.hasplugin("xdist"):
+        return
+    group = parser.getgroup("xdist", "pytest-xdist's options in addopts, ignored: the plugin is not loaded")
+    for option in XDIST_ADDOPTS:
+        group.addoption(option, dest=f"ignored_xdist_{option.strip('-')}", help="ignored without pytest-xdist")
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the marker is what it selects on
-def pytest_collection_modifyitems(items):
+def pytest_collection_modifyitems(config, items):
     """A test that reads an end-to-end build is marked `integration` (`pytest -m "not integration"` leaves them
-    out). Every test joins a pytest-xdist group (`--dist loadgroup`, pyproject.toml), which runs in one worker: the
-    tests of a build, which that worker makes once; the modules that read the exported tiny student, which one worker
-    builds while the other runs other tests; every other test beside its module's, whose module-scoped fixtures are
-    then made once."""
+    out). With pytest-xdist, every test joins a group (`--dist loadgroup`, pyproject.toml), which runs in one worker:
+    the tests of a build, which that worker makes once; the modules that read the exported tiny student, which one
+    worker builds while the other runs other tests; every other test beside its module's, whose module-scoped
+    fixtures are then made once. A group follows from the fixtures a test uses, so it is given here rather than
+    written in each module."""
     reading_the_student = {item.module.__name__ for item in items if "exported_student" in item.fixturenames}
+    grouped = config.pluginmanager.hasplugin("xdist")  # the group marker is pytest-xdist's
     for item in items:
         build = next((name for name in END_TO_END_BUILDS if name in item.fixturenames), None)
         if build is not None:
             item.add_marker(pytest.mark.integration)
+        if not grouped:
+            continue
         module = item.module.__name__
         group = build or ("exported_student" if module in reading_the_student else module)
         item.add_marker(pytest.mark.xdist_group(group))
