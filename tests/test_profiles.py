@@ -160,7 +160,7 @@ def test_a_failing_jobs_own_error_reaches_the_console(tmp_path, profile):
                           str(PROJECT_ROOT / "configs" / "test.yaml"), str(config))
     assert completed.returncode != 0
     console = completed.stdout + completed.stderr
-    assert f"error: {broken}: invalid JSON at line 1 column" in console
+    assert f"error: data.squad: {broken}: invalid JSON at line 1 column" in console  # the key, then the file
     assert not (tmp_path / "out" / "data").exists()
 
 
