@@ -347,6 +347,12 @@ def regate_openvino(tmp: Path, out_dir: Path, quantized_dir: Path, x86: dict, qu
     return report, None
 
 
+def judged_by_parity(report: dict, parity: dict) -> dict:
+    """An fp32 file's report: its answers recorded, its verdict the fp32 graph's parity with PyTorch (rounding only,
+    no sampling noise for the answer gates to judge)."""
+    return {**report, "gates": parity["gates"], "verdict": parity["verdict"], "passed": True}
+
+
 def write_bundle(tmp: Path, out_dir: Path, cfg: PipelineConfig, onnx_dir: Path, quantized_dir: Path,
                  coreml_dir: Path, model_dir: Path, data_dir: Path, questions) -> dict:
     """Every file of the bundle into tmp, each compressed one re-gated as shipped; returns metrics.json."""
@@ -371,8 +377,7 @@ def write_bundle(tmp: Path, out_dir: Path, cfg: PipelineConfig, onnx_dir: Path, 
     reports, predictions = {}, {}
     predictions[FP32_NAME], fp32_report = answer_and_gate(tmp / FP32_NAME, f"{out_dir}/{FP32_NAME}",
                                                        tmp / "tokenizer.json", questions, cfg)
-    # The fp32 graph's verdict is its parity with PyTorch (rounding only); its answers are recorded.
-    reports[FP32_NAME] = {**fp32_report, "gates": parity["gates"], "verdict": parity["verdict"], "passed": True}
+    reports[FP32_NAME] = judged_by_parity(fp32_report, parity)
     choice, int8_rejected_here = quantized["bundle_choice"], None
     if choice is not None:
         shutil.copy(quantized_dir / choice / "model.onnx", tmp / INT8_NAME)
@@ -393,8 +398,7 @@ def write_bundle(tmp: Path, out_dir: Path, cfg: PipelineConfig, onnx_dir: Path, 
         ort_path = convert_to_ort(tmp / FP32_NAME, tmp)
         predictions[FP32_ORT_NAME], ort_report = answer_and_gate(
             ort_path, f"{out_dir}/{FP32_ORT_NAME}", tmp / "tokenizer.json", questions, cfg)
-        # the fp32 graph in another file format: its verdict is the graph's parity (its answers are recorded)
-        reports[FP32_ORT_NAME] = {**ort_report, "gates": parity["gates"], "verdict": parity["verdict"], "passed": True}
+        reports[FP32_ORT_NAME] = judged_by_parity(ort_report, parity)  # the fp32 graph in another file format
     model_file, ort_file = (INT8_NAME, INT8_ORT_NAME) if choice else (FP32_NAME, FP32_ORT_NAME)
     x86, x86_rejected = quantized["variants"].get(OPENVINO_VARIANT), None
     if x86 and x86["passed"]:
