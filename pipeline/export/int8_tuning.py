@@ -325,11 +325,17 @@ def search(onnx_dir: Path, data_dir: Path, out_dir: Path, cfg: PipelineConfig, q
             try:
                 variants[OPENVINO_VARIANT] = build_and_gate(onnx_dir, out_dir, calibration, questions, cfg,
                                                             qcfg.latency_runs)
-            except Exception as error:  # a model NNCF or OpenVINO cannot take: a failed variant, never shipped
-                reason = failure_reason("build or scoring", error)
-                logger.warning("%s failed: %s", OPENVINO_VARIANT, reason)
-                variants[OPENVINO_VARIANT] = {"path": None, "runtime": "openvino",
-                                              **failed_report(f"{out_dir}/{OPENVINO_VARIANT}", reason)}
+            except Exception as error:
+                if isinstance(error, answering.BundleError) and PLUGIN_REFUSAL in str(error):
+                    # this machine's CPU plugin cannot run the model (some CPUs and narrowed SIMD settings): the
+                    # target cannot be built here at all, said so, as where its packages are missing
+                    left_out_targets[OPENVINO_VARIANT] = f"{CPU_PLUGIN_REFUSED}: {str(error).splitlines()[0]}"
+                    logger.warning("%s left out: %s", OPENVINO_VARIANT, left_out_targets[OPENVINO_VARIANT])
+                else:  # a model NNCF or OpenVINO cannot take: a failed variant, never shipped
+                    reason = failure_reason("build or scoring", error)
+                    logger.warning("%s failed: %s", OPENVINO_VARIANT, reason)
+                    variants[OPENVINO_VARIANT] = {"path": None, "runtime": "openvino",
+                                                  **failed_report(f"{out_dir}/{OPENVINO_VARIANT}", reason)}
     return {
         "settings": settings,
         "cpu": cpu_description(),
@@ -351,6 +357,11 @@ def search(onnx_dir: Path, data_dir: Path, out_dir: Path, cfg: PipelineConfig, q
         "runner_up": runner_up,
         "decided_by": decided_by,
     }
+
+
+# The answerer's words for a model the runtime cannot open (answering._open_session), and how quantize.json says it.
+PLUGIN_REFUSAL = "not a loadable OpenVINO model"
+CPU_PLUGIN_REFUSED = "OpenVINO's CPU plugin refused the model on this machine"
 
 
 def openvino_missing() -> str | None:
