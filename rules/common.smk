@@ -83,6 +83,7 @@ EXPORT_SECTIONS = ("seed", "squad", "export")
 # architecture (export_peers).
 FULL_SIZE = CFG.export.full_size.architectures
 INT8_SEARCHED = "distilbert" in FULL_SIZE
+NPU_BUILT = CFG.export.npu.enabled  # the Android NPU graphs (rule export_npu)
 SEARCHED_INT8_BUILT_FOR = [architecture for architecture in FULL_SIZE if INT8_SEARCHED and architecture != "distilbert"]
 PEERS_BUILT = {architecture: [peer for peer in BUILT_PEERS
                               if f"{architecture}/{peer}" in CFG.benchmark.timed_full_size]

@@ -95,6 +95,31 @@ rule export_coreml:
                     threads_variable="OMP_NUM_THREADS")
 
 
+# Android NPU graphs: static int8 with fixed shapes, gated on the CPU execution provider and checked on the QNN HTP
+# emulation (pipeline/export/npu_graph.py). One thread: it runs beside the other exports.
+rule export_npu:
+    input:
+        model=lambda wildcards: f"{ROOT}/{EXPORTED_MODELS[wildcards.model]}",
+        data=rules.prepare_data.output[0],
+        code=code("export-npu"),
+    output:
+        directory(f"{ROOT}/npu/{{model}}"),
+    wildcard_constraints:
+        model="|".join(EXPORTED_MODELS),
+    params:
+        cfg=stage_config(*EXPORT_SECTIONS),
+    log:
+        log_file("export_npu_{model}"),
+    benchmark:
+        benchmark_file("export_npu_{model}")
+    threads: 1
+    resources:
+        **EXPORT_RESOURCES,
+    shell:
+        stage_shell("export-npu", model_dir="{input.model:q}", data_dir="{input.data:q}", out_dir="{output:q}",
+                    threads_variable="OMP_NUM_THREADS")
+
+
 # The full-size architectures need nothing from training (random weights): they fill idle cores.
 rule export_full_size:
     input:
@@ -199,6 +224,7 @@ rule bundle:
         onnx=f"{ROOT}/onnx/{BUNDLED_MODEL}",
         quantized=f"{ROOT}/quantized/{BUNDLED_MODEL}",
         coreml=f"{ROOT}/coreml/{BUNDLED_MODEL}",
+        npu=[f"{ROOT}/npu/{BUNDLED_MODEL}"] if NPU_BUILT else [],
         model=f"{ROOT}/{EXPORTED_MODELS[BUNDLED_MODEL]}",
         data=rules.prepare_data.output[0],
         code=code("bundle"),
@@ -206,6 +232,7 @@ rule bundle:
         directory(f"{ROOT}/bundle"),
     params:
         cfg=stage_config(*EXPORT_SECTIONS),
+        npu=lambda wildcards, input: str(input.npu) if input.npu else "",  # '': no Android NPU graphs
     log:
         log_file("bundle"),
     benchmark:
@@ -215,5 +242,5 @@ rule bundle:
         **LIGHT_RESOURCES,
     shell:
         stage_shell("bundle", onnx_dir="{input.onnx:q}", quantized_dir="{input.quantized:q}", coreml_dir="{input.coreml:q}",
-                    model_dir="{input.model:q}", data_dir="{input.data:q}", out_dir="{output:q}",
+                    npu_dir="{params.npu:q}", model_dir="{input.model:q}", data_dir="{input.data:q}", out_dir="{output:q}",
                     threads_variable="OMP_NUM_THREADS")

@@ -31,6 +31,7 @@ rule int8_search:
 rule benchmark:
     input:
         exports=expand(f"{ROOT}/{{kind}}/{{model}}", kind=["onnx", "quantized", "coreml"], model=list(EXPORTED_MODELS)),
+        npu=expand(f"{ROOT}/npu/{{model}}", model=list(EXPORTED_MODELS) if NPU_BUILT else []),
         full_size=expand(f"{ROOT}/full_size/{{architecture}}", architecture=FULL_SIZE),
         int8_search=rules.int8_search.output.search if INT8_SEARCHED else [],
         full_size_int8=expand(f"{ROOT}/full_size_int8/{{architecture}}", architecture=SEARCHED_INT8_BUILT_FOR),

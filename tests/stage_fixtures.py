@@ -86,10 +86,10 @@ EXPORT_RELAXED = {
 
 
 def export_tiny_student(root: Path) -> dict:
-    """A tiny random DistilBERT student through export_onnx, quantize_onnx, export_coreml and bundle (the pipeline's
+    """A tiny random DistilBERT student through export_onnx, quantize_onnx, export_coreml, export_npu and bundle (the pipeline's
     own stages), with the data, tokenizer and teacher it was built from. Callers read these files; they never
     change them (tests that damage a file damage a copy)."""
-    from pipeline.stages import bundle, export_coreml, export_onnx, quantize
+    from pipeline.stages import bundle, export_coreml, export_npu, export_onnx, quantize
 
     cfg = tiny_config(export=EXPORT_RELAXED)
     paths = build_tiny_artifacts(root, cfg)
@@ -97,7 +97,9 @@ def export_tiny_student(root: Path) -> dict:
     export_onnx.run(cfg, student, paths["data"], root / "onnx_student")
     quantize.run(cfg, root / "onnx_student", student, paths["data"], root / "quantized")
     export_coreml.run(cfg, student, paths["data"], root / "coreml")
-    bundle.run(cfg, root / "onnx_student", root / "quantized", root / "coreml", student, paths["data"], root / "bundle")
+    export_npu.run(cfg, student, paths["data"], root / "npu")
+    bundle.run(cfg, root / "onnx_student", root / "quantized", root / "coreml", student, paths["data"], root / "bundle",
+               npu_dir=root / "npu")
     return {"root": root, "cfg": cfg, "paths": paths, "data": paths["data"], "student": student,
             "onnx_student": root / "onnx_student", "quantized": root / "quantized", "coreml": root / "coreml",
-            "bundle": root / "bundle"}
+            "npu": root / "npu", "bundle": root / "bundle"}

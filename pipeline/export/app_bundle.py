@@ -3,7 +3,7 @@
 The bundle always holds the fp32 ONNX graph (gated against PyTorch by its logits in export_onnx), and each
 compressed file only when it passes its gates: the int8 graph quantize.json chose (re-gated here, as shipped,
 through the torch-free answerer, and its ORT format), the CoreML packages that passed, and the OpenVINO x86
-target when it passes here. When no int8 passes, the fp32 graph is the app's model (qa_config.json's onnx.model)
+target and the Android NPU graphs when they pass here. When no int8 passes, the fp32 graph is the app's model (qa_config.json's onnx.model)
 and one line says why (int8_note), in the terminal, metrics.json, the README and the report.
 """
 
@@ -13,8 +13,9 @@ import logging
 import shutil
 from pathlib import Path
 
+from pipeline.export import npu_graph
 from pipeline.export.coreml import verify_gated_weights
-from pipeline.export.gates import GateError, compressed_model_report, failure_lines
+from pipeline.export.gates import GateError, compressed_model_report, failure_lines, overall_verdict, ships
 from pipeline.export.hf_layout import write_hf_layout
 from pipeline.export.model_card import bundle_card, write_model_card
 from pipeline.export.openvino_target import OPENVINO_FILE, OPENVINO_VARIANT
@@ -50,7 +51,7 @@ def convert_to_ort(onnx_path: Path, out_dir: Path) -> Path:
 
 
 def qa_config(cfg: PipelineConfig, answerer: answering.QuestionAnswerer, coreml: dict, tokenizer_config: dict,
-              model_file: str, ort_file: str, openvino_model: str | None = None) -> dict:
+              model_file: str, ort_file: str, openvino_model: str | None = None, npu: dict | None = None) -> dict:
     session = answerer.session
     return {
         "format_version": 1,
@@ -81,6 +82,15 @@ def qa_config(cfg: PipelineConfig, answerer: answering.QuestionAnswerer, coreml:
         },
         # the x86 target: the same inputs and outputs as the ONNX graph; null when it did not ship
         "openvino": None if openvino_model is None else {"model": openvino_model},
+        # Android NPU graphs (static int8, fixed shapes): one per length; null when they did not ship
+        "android_npu": None if npu is None else {
+            "models": {length: f"{npu_graph.NPU_FOLDER}/{graph['file']}" for length, graph in npu["graphs"].items()},
+            "sequence_lengths": npu["sequence_lengths"],
+            "inputs": [{"name": name, "dtype": "int32", "shape": [1, "L"]} for name in npu_graph.INPUTS],
+            "outputs": [{"name": name, "dtype": "float32", "shape": [1, "L"]} for name in ("start_logits", "end_logits")],
+            "execution_providers": ["QNN (HTP backend)", "NNAPI"],
+            "fallback": ort_file,
+        },
         "coreml": {
             "minimum_deployment_target": coreml["minimum_deployment_target"],
             "sequence_lengths": coreml["sequence_lengths"],
@@ -240,6 +250,37 @@ def openvino_row(config: dict, metrics: dict) -> str:
             f"{metrics['openvino_size_mb']} MB |\n")
 
 
+def npu_rows(config: dict, metrics: dict) -> str:
+    """The README's rows for the Android NPU graphs; nothing when they did not ship."""
+    if not config.get("android_npu"):
+        return ""
+    return "".join(f"| `{path}` | ONNX, static int8 (QDQ), fixed shape [1, {length}], for Android's NPU: onnxruntime's "
+                   f"QNN execution provider (Snapdragon Hexagon) or NNAPI | {metrics['npu']['size_mb'][length]} MB |\n"
+                   for length, path in config["android_npu"]["models"].items())
+
+
+def npu_section(config: dict, metrics: dict) -> str:
+    """How an Android app opens the NPU graphs, what was verified here, and why they are missing if they are."""
+    npu = metrics.get("npu") or {}
+    if not config.get("android_npu"):
+        return f"- Android NPU: no graph shipped ({npu.get('why_not', 'not built')}).\n"
+    emulator = npu.get("emulator") or {}
+    checked = (f"on the QNN HTP backend's x86 emulation (htp_arch {emulator['htp_arch']}, soc_model "
+               f"{emulator['soc_model']}) {emulator['n_questions']} of the gated questions gave the CPU execution "
+               f"provider's answer {emulator['agreement_with_cpu']['value']:.0%} of the time (largest logit "
+               f"difference {emulator['max_abs_logit_diff_vs_cpu']})" if emulator.get("ran") else
+               f"the NPU's own arithmetic was not checked here: {emulator.get('reason', 'no emulation')}")
+    fallback = config["android_npu"]["fallback"]
+    return f"""- Android NPU: `{config['android_npu']['models'][str(min(config['android_npu']['sequence_lengths']))]}` and the
+  other lengths: inputs `input_ids`, `attention_mask`, int32 [1, L] with L one of
+  {config['android_npu']['sequence_lengths']} (pad the window to the shortest that holds it, [PAD] id, mask 0; token
+  types are derived inside). Open it with the QNN execution provider (package `onnxruntime-android-qnn`:
+  `SessionOptions.addQnn(mapOf("backend_path" to "libQnnHtp.so"))`, or `addNnapi()`); where the session cannot
+  be created on that device, open `{fallback}` on the CPU instead. Gated here on the CPU execution provider,
+  each window alone ({npu['verdict']}); {checked}.
+"""
+
+
 def app_readme(config: dict, metrics: dict, example: dict) -> str:
     onnx_inputs = ", ".join(f"`{i['name']}` ({i['dtype']}, {i['shape']})" for i in config["onnx"]["inputs"])
     coreml_inputs = ", ".join(f"`{i['name']}`" for i in config["coreml"]["inputs"]) or "(no CoreML variant built)"
@@ -252,7 +293,7 @@ Everything here runs on the device; `manifest.json` lists the sha256 of every fi
 
 | file | what it is | size |
 |---|---|---|
-{onnx_rows(config, metrics)}{openvino_row(config, metrics)}{''.join(f"| `{path}` | CoreML mlprogram, {config['coreml']['weights'][variant]}, {config['coreml']['minimum_deployment_target']}+ | {metrics['coreml_size_mb'][variant]} MB |" + chr(10) for variant, path in config['coreml']['models'].items())}| `tokenizer.json`, `vocab.txt` | BERT WordPiece tokenizer (lower-case: {config['tokenizer']['lowercase']}, strip accents: {config['tokenizer']['strip_accents']}) | |
+{onnx_rows(config, metrics)}{openvino_row(config, metrics)}{npu_rows(config, metrics)}{''.join(f"| `{path}` | CoreML mlprogram, {config['coreml']['weights'][variant]}, {config['coreml']['minimum_deployment_target']}+ | {metrics['coreml_size_mb'][variant]} MB |" + chr(10) for variant, path in config['coreml']['models'].items())}| `tokenizer.json`, `vocab.txt` | BERT WordPiece tokenizer (lower-case: {config['tokenizer']['lowercase']}, strip accents: {config['tokenizer']['strip_accents']}) | |
 | `qa_config.json` | every setting below, machine-readable | |
 
 Dev set of this build ({metrics['n_questions']} gated questions): exact match {metrics['exact_match']}, F1 {metrics['f1']}
@@ -266,7 +307,7 @@ Dev set of this build ({metrics['n_questions']} gated questions): exact match {m
 - CoreML: {coreml_inputs}, int32, shape [1, L] with L one of {config['coreml']['sequence_lengths']}
   (pad the window to the next length). Outputs `start_logits`, `end_logits`: float32 [1, L].
   {"The mask is derived inside the model (input_ids != [PAD])." if len(config['coreml']['inputs']) == 1 else "attention_mask is 1 on real tokens, 0 on padding."}
-
+{npu_section(config, metrics)}
 ## Pre-processing
 1. Tokenize question and context as a pair with `tokenizer.json` (BERT normalizer, lower-casing and accent
    stripping as configured, WordPiece): `[CLS] question [SEP] context [SEP]`. Strip leading spaces of the question.
@@ -347,6 +388,42 @@ def regate_openvino(tmp: Path, out_dir: Path, quantized_dir: Path, x86: dict, qu
     return report, None
 
 
+def ship_npu_graphs(tmp: Path, out_dir: Path, npu_dir: Path, questions, cfg: PipelineConfig):
+    """The Android NPU graphs copied into tmp/android-npu and answered from there on the CPU execution provider, each
+    window alone on the shortest graph that holds it, with export_npu's emulator gate: (npu.json, the report, None),
+    or (npu.json, None, why they are left out)."""
+    npu = read_json(npu_dir / "npu.json")
+    if not npu["passed"]:
+        return npu, None, "rejected in export_npu: " + ("; ".join(line.strip() for line in failure_lines([npu["dev"]]))
+                                                        or f"verdict {npu['verdict']}")
+    shutil.copytree(npu_dir / npu_graph.NPU_FOLDER, tmp / npu_graph.NPU_FOLDER)
+    graphs = {int(length): tmp / npu_graph.NPU_FOLDER / graph["file"] for length, graph in npu["graphs"].items()}
+    tokenizer = answering.QuestionAnswerer.with_squad_settings(tmp / FP32_NAME, tmp / "tokenizer.json", cfg.squad)
+    windows = tokenizer.windows(questions.examples)
+    answers = npu_graph.answers(npu_graph.cpu_sessions(graphs), questions.examples, windows, cfg)
+    report = gate_report(f"{out_dir}/{npu_graph.NPU_FOLDER}/", answers.predictions, questions, cfg)
+    if "npu" in npu["dev"]["gates"]:  # the emulated NPU's check, made on the same graphs
+        report["gates"]["npu"] = npu["dev"]["gates"]["npu"]
+        report["verdict"] = overall_verdict(report["gates"])
+        report["passed"] = ships(report["verdict"], cfg.export.gates.strict)
+    if not report["passed"]:
+        shutil.rmtree(tmp / npu_graph.NPU_FOLDER)
+        return npu, None, "missed its gates when answered from the bundle: " + "; ".join(
+            line.strip() for line in failure_lines([report]))
+    return npu, report, None
+
+
+def npu_metrics(npu: dict | None, report: dict | None, why_not: str | None, tmp: Path) -> dict:
+    """metrics.json's record of the Android NPU graphs: sizes, verdict and the emulator's check, or why not."""
+    if npu is None:
+        return {"shipped": False, "why_not": why_not}
+    return {"shipped": report is not None, "why_not": why_not,
+            "size_mb": ({length: megabytes((tmp / npu_graph.NPU_FOLDER / graph["file"]).stat().st_size)
+                         for length, graph in npu["graphs"].items()} if report else None),
+            "verdict": report["verdict"] if report else npu["verdict"],
+            "emulator": {key: value for key, value in npu["emulator"].items() if key != "question_ids"}}
+
+
 def judged_by_parity(report: dict, parity: dict) -> dict:
     """An fp32 file's report: its answers recorded, its verdict the fp32 graph's parity with PyTorch (rounding only,
     no sampling noise for the answer gates to judge)."""
@@ -354,8 +431,9 @@ def judged_by_parity(report: dict, parity: dict) -> dict:
 
 
 def write_bundle(tmp: Path, out_dir: Path, cfg: PipelineConfig, onnx_dir: Path, quantized_dir: Path,
-                 coreml_dir: Path, model_dir: Path, data_dir: Path, questions) -> dict:
-    """Every file of the bundle into tmp, each compressed one re-gated as shipped; returns metrics.json."""
+                 coreml_dir: Path, model_dir: Path, data_dir: Path, questions, npu_dir: Path | None = None) -> dict:
+    """Every file of the bundle into tmp, each compressed one re-gated as shipped; returns metrics.json.
+    npu_dir: export_npu's output (None: no Android NPU graphs were built)."""
     parity = fp32_parity(onnx_dir)
     quantized = read_json(quantized_dir / "quantize.json")
     coreml = shipped_coreml(read_json(coreml_dir / "coreml.json"))
@@ -409,12 +487,18 @@ def write_bundle(tmp: Path, out_dir: Path, cfg: PipelineConfig, onnx_dir: Path, 
             logger.warning("bundle: %s left out: %s", OPENVINO_VARIANT, x86_rejected)
     elif x86:
         x86_rejected = "rejected in quantize_onnx: " + (x86.get("error") or f"verdict {x86['verdict']}")
+    npu, npu_report, npu_why_not = (ship_npu_graphs(tmp, out_dir, npu_dir, questions, cfg) if npu_dir is not None
+                                    else (None, None, "export.npu.enabled is false"))
+    if npu_report:
+        reports[f"{npu_graph.NPU_FOLDER}/"] = npu_report
+    elif npu_why_not:
+        logger.warning("bundle: the Android NPU graphs are left out: %s", npu_why_not)
     answerer = answering.QuestionAnswerer.with_squad_settings(tmp / model_file, tmp / "tokenizer.json", cfg.squad,
                                                             threads=1)
     tokenizer_config = read_json(fp32_dir / "tokenizer_config.json") if (fp32_dir / "tokenizer_config.json").is_file() else {}
     openvino_shipped = f"openvino/{OPENVINO_FILE}" in reports
     config = qa_config(cfg, answerer, coreml, tokenizer_config, model_file, ort_file,
-                       f"openvino/{OPENVINO_FILE}" if openvino_shipped else None)
+                       f"openvino/{OPENVINO_FILE}" if openvino_shipped else None, npu if npu_report else None)
     atomic_write_json(tmp / "qa_config.json", config)
     main_report = reports[model_file]
     verdicts = gate_verdicts(reports, coreml)
@@ -442,10 +526,12 @@ def write_bundle(tmp: Path, out_dir: Path, cfg: PipelineConfig, onnx_dir: Path, 
             "onnx_int8": sorted({name for name in quantized["not_shipped"] if name != OPENVINO_VARIANT}
                                 | ({quantized["bundle_choice"]} if int8_rejected_here else set())),
             "coreml": coreml["rejected"],
-            "openvino": [OPENVINO_VARIANT] if x86_rejected else []},
+            "openvino": [OPENVINO_VARIANT] if x86_rejected else [],
+            "android_npu": [npu_graph.NPU_FOLDER] if npu is not None and npu_report is None else []},
         "rejected_why": {**({quantized["bundle_choice"]: int8_rejected_here} if int8_rejected_here else {}),
                          **{f"coreml-{name}": why for name, why in coreml["rejected_why"].items()},
-                         **({OPENVINO_VARIANT: x86_rejected} if x86_rejected else {})},
+                         **({OPENVINO_VARIANT: x86_rejected} if x86_rejected else {}),
+                         **({npu_graph.NPU_FOLDER: npu_why_not} if npu is not None and npu_why_not else {})},
         "shipped": sorted(reports) + [f"coreml/{package['path']}" for package in coreml["packages"].values()],
         "n_questions": len(questions.examples),
         "exact_match": main_report["exact_match"],
@@ -456,6 +542,7 @@ def write_bundle(tmp: Path, out_dir: Path, cfg: PipelineConfig, onnx_dir: Path, 
         "openvino_precision": x86["runtime_precision"] if openvino_shipped else None,
         "ort_answers_equal_onnx": round(sum(predictions[ort_file][k] == v for k, v in predictions[model_file].items())
                                         / len(questions.examples), 4),
+        "npu": npu_metrics(npu, npu_report, npu_why_not, tmp),
         "gate_verdicts": verdicts,
         "unproven": sorted(name for name, verdict in verdicts.items() if verdict["verdict"] == "unproven"),
     }
@@ -471,7 +558,7 @@ def write_bundle(tmp: Path, out_dir: Path, cfg: PipelineConfig, onnx_dir: Path, 
         # by its point estimate, its interval straddling the threshold).
         "gate_verdicts": verdicts,
         "built_from": {"onnx": str(onnx_dir), "quantized": str(quantized_dir), "coreml": str(coreml_dir),
-                       "model": str(model_dir)},
+                       "npu": str(npu_dir) if npu_dir else None, "model": str(model_dir)},
     })
     verify_manifest(tmp)
     return metrics

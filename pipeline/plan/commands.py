@@ -20,6 +20,7 @@ STAGES = {
     "export-onnx": ("pipeline.stages.export_onnx", "run"),
     "quantize-onnx": ("pipeline.stages.quantize", "run"),
     "export-coreml": ("pipeline.stages.export_coreml", "run"),
+    "export-npu": ("pipeline.stages.export_npu", "run"),
     "export-full-size": ("pipeline.stages.export_full_size", "run"),
     "export-full-size-int8": ("pipeline.stages.export_full_size_int8", "run"),
     "export-peers": ("pipeline.stages.export_peers", "run"),

@@ -304,6 +304,39 @@ def bundle_lines(bundle: dict | None) -> list[str]:
     return lines + [""]
 
 
+def npu_lines(checks: dict) -> list[str]:
+    """The Android NPU graphs per model: the CPU execution provider's gate, NNAPI's partitioning, and the QNN HTP
+    emulation's check of the NPU's own arithmetic, or why it did not run."""
+    if not checks:
+        return []
+    lines = ["## Android NPU graphs (static int8, fixed shapes)", "",
+             "One graph per length, gated above (android-npu rows) on the CPU execution provider. The NPU computes "
+             "int8 its own way: a sample of the gated questions also ran through the QNN HTP backend's x86 emulation "
+             "(onnxruntime-qnn, CPU fallback off, so every node ran on the emulated NPU) and is compared with the CPU "
+             "execution provider's answers on the same graphs; only a disagreement whose whole Wilson interval lies "
+             "below the agreement gate is a miss (the `npu` gate). The emulator's seconds are an x86 emulation, not a "
+             "phone's latency: no NPU latency was measured here.", "",
+             "| model | lengths | size | verdict | NNAPI: nodes taken, partitions | emulated HTP | = CPU EP | = PyTorch "
+             "| F1 emulated / CPU EP (sample) | largest logit diff | emulator s/window |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for model, check in checks.items():
+        nnapi = next(iter(check["nnapi"].values()), {})
+        taken = f"{nnapi.get('supported_nodes')}/{nnapi.get('nodes')}, {nnapi.get('partitions')}" if nnapi else ""
+        emulator = check["emulator"]
+        if emulator["ran"]:
+            cells = [f"v{emulator['htp_arch']}, SoC {emulator['soc_model']}, {emulator['n_questions']} questions",
+                     gate_cell(emulator["agreement_with_cpu"]),
+                     f"{emulator['agreement_with_pytorch']['value']:.3f} [{emulator['agreement_with_pytorch']['interval'][0]:.3f}, "
+                     f"{emulator['agreement_with_pytorch']['interval'][1]:.3f}]",
+                     f"{emulator['f1']:.2f} / {emulator['f1_cpu']:.2f}", f"{emulator['max_abs_logit_diff_vs_cpu']:.3g}",
+                     f"{emulator['emulator_seconds_per_window']:.3g}"]
+        else:
+            cells = [f"not run: {emulator['reason']}", "", "", "", "", ""]
+        lines.append(f"| {model} | {', '.join(map(str, check['sequence_lengths']))} | {check['size_mb']} MB | "
+                     f"{check['verdict']} | {taken} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
 def report_markdown(cfg: PipelineConfig, summary_data: dict, benchmark: dict, goal_rows: list[dict]) -> str:
     machine = summary_data["machine"]
     longest = max(cfg.benchmark.sequence_lengths)
@@ -342,6 +375,7 @@ def report_markdown(cfg: PipelineConfig, summary_data: dict, benchmark: dict, go
               "![F1 vs size](f1_vs_size.png)", "", "![F1 vs latency](f1_vs_latency.png)", ""]
     lines += bundle_lines(summary_data.get("bundle"))
     lines += gate_section(summary_data["gates"], cfg)
+    lines += npu_lines(summary_data.get("npu") or {})
     if summary_data["full_size"]:
         lines += ["## Full-size architectures (random weights: sizes and speed only)", "",
                   artifact_table(summary_data["full_size"], cfg), "",

@@ -93,15 +93,33 @@ def summary(cfg: PipelineConfig, root: Path, benchmark: dict) -> dict:
         "profiles": benchmark.get("profiles") or {},  # per operator at the longest length, 1 thread
         "gates": gate_verdicts(root, cfg),
         "bundle": bundle_contents(root),
+        "npu": npu_checks(root, cfg),
         "skipped_timings": benchmark.get("skipped_timings", []),
     }
+
+
+def npu_checks(root: Path, cfg: PipelineConfig) -> dict:
+    """Per exported model, its Android NPU graphs (export_npu's npu.json): size, verdict, the CPU execution
+    provider's dev scores, and the QNN HTP emulation's check, or why it did not run; {} when none were built."""
+    checks = {}
+    for model in exported_models(cfg):
+        path = root / "npu" / model / "npu.json"
+        if not path.is_file():
+            continue
+        npu = read_json(path)
+        checks[model] = {"size_mb": npu["size_mb"], "sequence_lengths": npu["sequence_lengths"],
+                         "verdict": npu["verdict"], "passed": npu["passed"], "f1": npu["dev"]["f1"],
+                         "f1_drop": npu["dev"]["f1_drop"], "answer_agreement": npu["dev"]["answer_agreement"],
+                         "nnapi": {length: graph["nnapi"] for length, graph in npu["graphs"].items()},
+                         "emulator": {key: value for key, value in npu["emulator"].items() if key != "question_ids"}}
+    return checks
 
 
 def bundle_contents(root: Path) -> dict:
     """What the bundle shipped and, when it ships no int8 graph, the one line that says why (int8_note)."""
     bundle = read_json(root / "bundle" / "metrics.json")
     return {key: bundle.get(key) for key in ("onnx_model", "onnx_variant", "int8_note", "shipped", "rejected_why",
-                                             "coreml_executed")}
+                                             "coreml_executed", "npu")}
 
 
 def gate_verdicts(root: Path, cfg: PipelineConfig) -> list[dict]:
@@ -136,6 +154,13 @@ def gate_verdicts(root: Path, cfg: PipelineConfig) -> list[dict]:
                          "passed": dev.get("passed") is True, "verdict": dev.get("verdict"),
                          "shipped": model == shipped_model and name in shipped_coreml,
                          "n_questions": coreml.get("n_questions") if dev else None})
+        npu_path = root / "npu" / model / "npu.json"
+        if npu_path.is_file():
+            npu = read_json(npu_path)
+            rows.append({"model": model, "variant": "android-npu", "gates": npu["dev"]["gates"],
+                         "passed": npu["passed"] is True, "verdict": npu["verdict"],
+                         "shipped": model == shipped_model and (bundle.get("npu") or {}).get("shipped") is True,
+                         "n_questions": npu["n_questions"]})
     return rows
 
 

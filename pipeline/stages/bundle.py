@@ -12,6 +12,8 @@ artifacts/bundle/
   README.md                 the contract for app developers, with a worked example from this build
   metrics.json              dev scores of the shipped models through the torch-free answerer
   openvino/                 the x86 target when it passed its gates, here too: NNCF's int8 as an OpenVINO model
+  android-npu/              static int8 graphs with fixed shapes, one per length, for Android's NPU (QNN, NNAPI), when
+                            they passed their gates, here too (export_npu: also the NPU's emulated arithmetic)
   huggingface/              the app's ONNX graph in the Hugging Face layout that transformers.js and optimum load
   manifest.json             sha256 and bytes of every file, library versions, the hash of the config that built it
 The rule answers the gated dev questions with every shipped ONNX, .ort (and OpenVINO) file through
@@ -34,11 +36,12 @@ logger = logging.getLogger(__name__)
 
 
 def run(cfg: PipelineConfig, onnx_dir: Path, quantized_dir: Path, coreml_dir: Path, model_dir: Path, data_dir: Path,
-        out_dir: Path) -> dict:
-    verify_input_dirs(onnx_dir, quantized_dir, coreml_dir, model_dir, data_dir)
+        out_dir: Path, npu_dir: Path | None = None) -> dict:
+    verify_input_dirs(onnx_dir, quantized_dir, coreml_dir, model_dir, data_dir, npu_dir)
     questions = gate_questions(data_dir, model_dir, cfg)
     with atomic_output_dir(out_dir, cfg) as tmp:
-        metrics = write_bundle(tmp, out_dir, cfg, onnx_dir, quantized_dir, coreml_dir, model_dir, data_dir, questions)
+        metrics = write_bundle(tmp, out_dir, cfg, onnx_dir, quantized_dir, coreml_dir, model_dir, data_dir, questions,
+                               npu_dir)
     logger.info("bundle: %s", json.dumps(metrics))
     return metrics
 
@@ -48,5 +51,6 @@ FLAG_HELP = {
     "onnx_dir": "output of export_onnx (the bundled model): the fp32 graph, always shipped",
     "quantized_dir": "output of quantize_onnx (the bundled model)",
     "coreml_dir": "output of export_coreml (the bundled model)",
+    "npu_dir": "output of export_npu (the bundled model); empty: none were built",
     "model_dir": "the PyTorch model (dev predictions and F1)",
 }

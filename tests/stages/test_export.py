@@ -350,6 +350,32 @@ def test_bundle_holds_the_contract_files_and_a_complete_manifest(built):
     assert config["coreml"]["sequence_lengths"] == [64, 128]
     readme = (root / "README.md").read_text()
     assert "Worked example" in readme and "doc_stride" in readme
+    # the Android NPU graphs, one per length, re-gated from the bundle's own copy
+    assert config["android_npu"]["models"] == {"64": "android-npu/model.L64.onnx", "128": "android-npu/model.L128.onnx"}
+    assert {"android-npu/model.L64.onnx", "android-npu/model.L128.onnx"} <= set(manifest["files"])
+    assert "android-npu/" in manifest["gate_verdicts"] and "`android-npu/model.L64.onnx`" in readme
+    assert "QNN execution provider" in readme
+
+
+def test_a_rejected_npu_graph_set_is_left_out_of_the_bundle_saying_why(built, tmp_path):
+    from pipeline.stages import bundle
+
+    npu_dir = tmp_path / "npu"
+    shutil.copytree(built["npu"], npu_dir)
+    report = json.loads((npu_dir / "npu.json").read_text())
+    report["dev"]["gates"]["answer_agreement"].update(value=0.5, verdict="rejected", passed=False)
+    report.update(verdict="rejected", passed=False)
+    report["dev"].update(verdict="rejected", passed=False)
+    (npu_dir / "npu.json").write_text(json.dumps(report))
+    write_manifest(npu_dir)
+    metrics = bundle.run(built["cfg"], built["onnx_student"], built["quantized"], built["coreml"], built["student"],
+                         built["data"], tmp_path / "b", npu_dir=npu_dir)
+    assert metrics["rejected_by_gates"]["android_npu"] == ["android-npu"]
+    assert metrics["rejected_why"]["android-npu"].startswith("rejected in export_npu: ")
+    assert "answer_agreement" in metrics["rejected_why"]["android-npu"]
+    assert not (tmp_path / "b" / "android-npu").exists() and metrics["npu"]["shipped"] is False
+    assert json.loads((tmp_path / "b" / "qa_config.json").read_text())["android_npu"] is None
+    assert "Android NPU: no graph shipped (rejected in export_npu" in (tmp_path / "b" / "README.md").read_text()
 
 
 def x86_target(report):
@@ -676,9 +702,11 @@ def test_strict_gates_hold_in_the_bundles_own_regate_whatever_quantize_json_says
     x86 = {"openvino-int8"} if "openvino-int8" in relaxed["variants"] else set()
     assert choice and all(relaxed["variants"][name]["passed"] for name in {choice, *x86})
     cfg = tiny_config(export={"gates": STRICT_GATES})
+    assert json.loads((built["npu"] / "npu.json").read_text())["passed"] is True
     metrics = bundle.run(cfg, built["onnx_student"], built["quantized"], built["coreml"], built["student"],
-                         built["data"], tmp_path / "bundle")
+                         built["data"], tmp_path / "bundle", npu_dir=built["npu"])
     assert_the_bundle_ships_the_fp32_graph_alone(tmp_path / "bundle", metrics, x86)
     assert metrics["rejected_by_gates"]["onnx_int8"] == [choice]
+    assert metrics["rejected_by_gates"]["android_npu"] == ["android-npu"]  # its re-gate here passes it neither
     for name in (choice, *x86):
         assert "unproven: >= 0.99 not shown (export.gates.strict" in metrics["rejected_why"][name], name

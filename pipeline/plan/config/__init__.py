@@ -16,6 +16,6 @@ from pipeline.plan.config.sections import (  # noqa: F401 (the package's interfa
     ConfigError, option, section, SyntheticConfig, DataConfig, TokenizerConfig, TrainConfig,
     TeacherArchitectureConfig, TeacherConfig, SquadConfig, StudentConfig, DistillPretrainConfig,
     DistilBertObjectiveConfig, PKDObjectiveConfig, TinyBERTObjectiveConfig, SquadAugmentationConfig,
-    DistillSquadConfig, QuantizeConfig, CoreMLConfig, GatesConfig, FullSizeConfig, ExportConfig,
+    DistillSquadConfig, QuantizeConfig, CoreMLConfig, NpuConfig, GatesConfig, FullSizeConfig, ExportConfig,
     BenchmarkConfig, ComputeConfig, STUDY_VARIANTS, StudyConfig, DeployConfig, PipelineConfig,
 )

@@ -556,6 +556,26 @@ class FullSizeConfig:
 
 
 @dataclass
+class NpuConfig:
+    """Android NPU graphs (pipeline/export/npu_graph.py): static int8 (QDQ) ONNX with fixed shapes, one per length of
+    export.coreml.sequence_lengths, for Qualcomm's QNN execution provider (and NNAPI), gated on the CPU execution
+    provider and checked on the QNN HTP backend's x86 emulation where onnxruntime-qnn is installed."""
+
+    enabled: bool = option(True, "Build, gate and bundle the Android NPU graphs (rule export_npu).")
+    calibration_windows: int = option(
+        32, "Tuning windows (never gated ones) that calibrate each graph's activation scales, padded to its length.",
+        minimum=1,
+    )
+    emulator_questions: int = option(
+        40, "Gated dev questions whose windows also run through the QNN HTP emulation (0: none). The emulation is "
+        "slow (seconds per window for a full-size model): a sample, checked against the CPU execution provider's "
+        "answers on the same graphs.", minimum=0,
+    )
+    htp_arch: str = option("73", "HTP architecture the emulation models (onnxruntime-qnn's htp_arch).")
+    soc_model: str = option("57", "SoC model the emulation models (onnxruntime-qnn's soc_model).")
+
+
+@dataclass
 class ExportConfig:
     """From trained PyTorch models to the files an app ships: ONNX, int8/4-bit ONNX, .ort, CoreML, the bundle."""
 
@@ -568,6 +588,7 @@ class ExportConfig:
     opset: int | None = option(None, "ONNX opset (null: optimum's default for the architecture).", minimum=11)
     quantize: QuantizeConfig = section(QuantizeConfig, "ONNX quantization.")
     coreml: CoreMLConfig = section(CoreMLConfig, "CoreML conversion.")
+    npu: NpuConfig = section(NpuConfig, "Android NPU graphs.")
     gates: GatesConfig = section(GatesConfig, "Accuracy gates of every export.")
     full_size: FullSizeConfig = section(FullSizeConfig, "Full-size architectures (sizes and latency).")
 
