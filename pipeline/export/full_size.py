@@ -76,6 +76,26 @@ def torch_logits(model_dir: Path, windows: answering.Windows) -> tuple[np.ndarra
     return output.start_logits.numpy(), output.end_logits.numpy()
 
 
+def export_npu_graph(pytorch_dir: Path, npu_dir: Path, cfg: PipelineConfig, vocab_size: int) -> dict:
+    """The Android NPU graph (pipeline/export/npu_graph.py) at PARITY_LENGTH, calibrated on random windows: its size
+    and operators. One length only: every length's graph holds the same weights, so the same bytes."""
+    import shutil
+
+    from pipeline.export import coreml, npu_graph
+
+    scratch = npu_dir / "float-graphs"
+    scratch.mkdir(parents=True)
+    float_graphs = npu_graph.export_float_graphs(coreml.load_wrapped(pytorch_dir, mask_input=True), [PARITY_LENGTH],
+                                                 scratch)
+    graphs = npu_graph.quantize_graphs(float_graphs, random_windows(vocab_size, cfg.seed + 1), PARITY_WINDOWS,
+                                       npu_dir)
+    shutil.rmtree(scratch)
+    record = npu_graph.graph_record(graphs[PARITY_LENGTH])
+    return {"path": f"{npu_graph.NPU_FOLDER}/{record['file']}", "sequence_length": PARITY_LENGTH,
+            "size_mb": megabytes(record["bytes"]), **{key: record[key] for key in ("inputs", "dynamic_ops", "nnapi")},
+            "built": "one length (each length's graph holds the same weights)"}
+
+
 def export_coreml_packages(pytorch_dir: Path, coreml_dir: Path, cfg: PipelineConfig, out_dir: Path) -> dict:
     # Imported here: coremltools loads only where packages are built.
     from pipeline.export import coreml

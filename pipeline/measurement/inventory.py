@@ -13,6 +13,8 @@ from pipeline.plan.config import PipelineConfig
 from pipeline.plan.model_registry import bundled_model, exported_models
 
 COREML_UNTIMED = "CoreML prediction runs only on macOS; this benchmark ran on Linux"
+NPU_UNTIMED = ("the NPU's latency cannot be measured here: the QNN HTP backend runs as an x86 emulation, whose "
+               "seconds are not a phone's")
 NOT_TIMED_FULL_SIZE = "not in benchmark.timed_full_size (each full-size timing takes tens of seconds)"
 
 
@@ -69,6 +71,12 @@ def trained_artifacts(root: Path, cfg: PipelineConfig) -> list[dict]:
             items.append(artifact_entry(f"{model}/coreml-{variant}", model, "coreml", variant,
                                         root / "coreml" / model / package["path"], package.get("dev"), "pytorch-proxy",
                                         timed=False, untimed_reason=COREML_UNTIMED, **shape))
+        npu_json = root / "npu" / model / "npu.json"
+        if npu_json.is_file():  # every length's graph: what an app ships
+            npu = read_json(npu_json)
+            items.append(artifact_entry(f"{model}/npu-int8-static", model, "onnx-npu", "int8-qdq-fixed-shapes",
+                                        root / "npu" / model / npu["folder"], npu["dev"], "onnxruntime-cpu",
+                                        timed=False, untimed_reason=NPU_UNTIMED, **shape))
     bundle, bundled = read_json(root / "bundle" / "metrics.json"), bundled_model(cfg)
     precision = "int8" if bundle["onnx_model"] == "model.int8.onnx" else "fp32"  # fp32: no int8 passed its gates
     items.append(artifact_entry(f"{bundled}/ort-{precision}", bundled, "ort", bundle["onnx_variant"],
@@ -96,4 +104,8 @@ def full_size_artifacts(root: Path, architectures: list[str], timed: list[str]) 
         for variant, package in report["coreml"].items():
             items.append(artifact_entry(f"{architecture}/coreml-{variant}", architecture, "coreml", variant,
                                         folder / package["path"], timed=False, untimed_reason=COREML_UNTIMED, **shape))
+        if report.get("npu"):
+            items.append(artifact_entry(f"{architecture}/npu-int8-static-L{report['npu']['sequence_length']}",
+                                        architecture, "onnx-npu", "int8-qdq-fixed-shapes", folder / report["npu"]["path"],
+                                        timed=False, untimed_reason=NPU_UNTIMED, **shape))
     return items

@@ -69,6 +69,10 @@ def summary(cfg: PipelineConfig, root: Path, benchmark: dict) -> dict:
             ratio(p50(by_name.get("bert-base/pytorch-fp32"), longest, 1), p50(by_name.get("bert-base/onnx-int8-optimized"), longest, 1)),
         "target_size_vs_distilbert_onnx_int8": ratio(TARGET_SIZE_MB, (by_name.get(OPTIMIZED_INT8) or {}).get("size_mb")),
         "target_size_vs_distilbert_coreml_4bit": ratio(TARGET_SIZE_MB, (by_name.get("distilbert/coreml-4bit") or {}).get("size_mb")),
+        # the phone accelerators' files: the Neural Engine layout package and the Android NPU graph (one length)
+        "target_size_vs_distilbert_coreml_ane": ratio(TARGET_SIZE_MB, (by_name.get("distilbert/coreml-ane") or {}).get("size_mb")),
+        "target_size_vs_distilbert_npu_int8": ratio(TARGET_SIZE_MB, next(
+            (item["size_mb"] for item in items if item["name"].startswith("distilbert/npu-int8-static")), None)),
         f"target_size_vs_{bundled_model(cfg)}_bundle_onnx": ratio(
             TARGET_SIZE_MB, (by_name.get(f"{bundled_model(cfg)}/ort-int8") or {}).get("size_mb")),
     }

@@ -5,8 +5,9 @@ The offline default trains small models, but the paper's claims are about Distil
 values, so this stage builds the full-size architectures, with random weights unless export.full_size names
 real ones, and exports them exactly as the trained models are exported:
   distilbert (6 x 768): ONNX fp32, fused, every int8 recipe of the search (int8.int8_recipes; static ones
-                        calibrated on random token windows), 4-bit, and CoreML fp16, int8 and 4-bit (every weight
-                        palettized); size goals int8 ONNX <= max_int8_onnx_mb, CoreML 4-bit <= max_coreml_4bit_mb.
+                        calibrated on random token windows), 4-bit, CoreML fp16, int8 and 4-bit (every weight
+                        palettized) and the Neural Engine layout, and the Android NPU graph (static int8, fixed
+                        shape: one length, pipeline/export/npu_graph.py); size goals int8 ONNX <= max_int8_onnx_mb, CoreML 4-bit <= max_coreml_4bit_mb.
   bert-base (12 x 768): ONNX fp32, fused, naive int8: the speed baseline of the benchmark (rule
                         export_full_size_int8 builds its int8 graph with the recipe the DistilBERT search chose).
 Fusions and logit parity (on random token windows) are checked as in export_onnx.
@@ -21,7 +22,8 @@ from pathlib import Path
 
 from pipeline.export import int8
 from pipeline.export.full_size import (PARITY_WINDOWS, Architecture, build_int8_recipes, export_coreml_packages,
-                                       random_windows, save_full_size, torch_logits)
+                                       export_npu_graph, random_windows, save_full_size, torch_logits)
+from pipeline.export.npu_graph import NPU_FOLDER
 from pipeline.export.gates import enforce_if_strict, logit_parity_report
 from pipeline.export.onnx_graph import MODEL_FILE, check_fusions, export_fp32, max_logit_difference, optimize_graph
 from pipeline.outputs.artifacts import atomic_write_json, directory_size_bytes, megabytes
@@ -66,6 +68,8 @@ def run(cfg: PipelineConfig, architecture: Architecture, out_dir: Path) -> dict:
                                        graphs_dir=onnx_dir, int4_block_size=int4_block_size)
 
         packages = export_coreml_packages(pytorch_dir, tmp / "coreml", cfg, out_dir) if with_device_formats else {}
+        npu = (export_npu_graph(pytorch_dir, tmp / NPU_FOLDER, cfg, model_config["vocab_size"])
+               if with_device_formats and cfg.export.npu.enabled else None)
         onnx_sizes = {variant: megabytes(directory_size_bytes(onnx_dir / variant / MODEL_FILE))
                       for variant in ["fp32", "optimized", *quantized]}
         metrics = {
@@ -81,6 +85,7 @@ def run(cfg: PipelineConfig, architecture: Architecture, out_dir: Path) -> dict:
             "quantization": settings,
             "int8_recipes": {name: dataclasses.asdict(recipe) for name, recipe in recipes.items()},
             "coreml": packages,
+            "npu": npu,  # the Android NPU graph (static int8, fixed shape); null where not built
             "paper_on_device_mb": 207,
         }
         if with_device_formats:

@@ -680,8 +680,14 @@ def test_strict_gates_keep_unproven_variants_out_of_every_stage_and_the_bundle(b
     reports = {**quantized["variants"], **{f"coreml-{name}": package["dev"] for name, package in packages.items()}}
     assert set(reports) == {"int8", *x86, "coreml-fp16"}
     for name, report in reports.items():
+        agreement = report["gates"]["answer_agreement"]["value"]
+        if name == "openvino-int8" and agreement < 0.99:
+            # OpenVINO's int8 kernels differ by CPU: on AVX2 without VNNI this random model's flat logits flip
+            # answers (12 of 22 agreed on an AMD EPYC with AVX2 only): rejected by its value, not shipped either
+            assert report["verdict"] == "rejected" and report["passed"] is False, name
+            continue
         assert report["verdict"] == "unproven" and report["passed"] is False, name
-        assert report["gates"]["answer_agreement"]["value"] == 1.0, name
+        assert agreement == 1.0, name
     assert quantized["bundle_choice"] is None and quantized["not_shipped"] == sorted(quantized["variants"])
     metrics = bundle.run(cfg, built["onnx_student"], tmp_path / "quantized", tmp_path / "coreml", built["student"],
                          built["data"], tmp_path / "bundle")
@@ -709,4 +715,7 @@ def test_strict_gates_hold_in_the_bundles_own_regate_whatever_quantize_json_says
     assert metrics["rejected_by_gates"]["onnx_int8"] == [choice]
     assert metrics["rejected_by_gates"]["android_npu"] == ["android-npu"]  # its re-gate here passes it neither
     for name in (choice, *x86):
-        assert "unproven: >= 0.99 not shown (export.gates.strict" in metrics["rejected_why"][name], name
+        why = metrics["rejected_why"][name]
+        if name == "openvino-int8" and "answer_agreement" in why and "needs >= 0.99" in why:
+            continue  # OpenVINO's int8 on AVX2 without VNNI flips this random model's answers: rejected by its value
+        assert "unproven: >= 0.99 not shown (export.gates.strict" in why, name
