@@ -79,7 +79,7 @@ def tiny_qa_model_dir(root: Path, paths: dict[str, Path], cfg: PipelineConfig, d
 # 4-bit graph (configs/test.yaml leaves both to these tests).
 EXPORT_RELAXED = {
     "gates": {"min_answer_agreement": 0.0, "max_f1_drop": 100.0},
-    "coreml": {"sequence_lengths": [64, 128], "variants": ["fp16", "int8", "4bit"]},
+    "coreml": {"sequence_lengths": [64, 128], "variants": ["fp16", "int8", "4bit", "ane"]},
     "quantize": {"search_graphs": ["plain", "fused", "fused-no-attention"], "search_formats": ["qoperator", "qdq"],
                  "search_per_channel": [True], "search_attention_int8": [False, True], "int4": True},
 }

@@ -31,7 +31,9 @@ logger = logging.getLogger(__name__)
 FP32_NAME, FP32_ORT_NAME = "model.fp32.onnx", "model.fp32.ort"
 INT8_NAME, INT8_ORT_NAME = "model.int8.onnx", "model.int8.ort"
 COREML_WEIGHTS = {"fp16": "float16 weights", "int8": "int8 weights (per channel, symmetric)",
-                  "4bit": "4-bit palettized weights (k-means lookup tables)"}
+                  "4bit": "4-bit palettized weights (k-means lookup tables)",
+                  "ane": "float16 weights in the Neural Engine layout ((B, C, 1, S) tensors, 1x1 convolutions, "
+                         "per-head attention)"}
 
 
 def coreml_weights(variant: str, cfg: PipelineConfig) -> str:
@@ -205,11 +207,16 @@ def int8_line(metrics: dict) -> str:
 
 
 def coreml_line(metrics: dict) -> str:
-    """What was executed for the CoreML packages here (CoreML itself runs only on macOS)."""
+    """What was executed for the CoreML packages here (CoreML itself runs only on macOS), and which to choose."""
     if not metrics["coreml_size_mb"]:
         return "No CoreML package passed its gates (`metrics.json`: rejected_by_gates).\n"
+    choose = ("Which package: `ane.mlpackage` on devices with a Neural Engine (A12 and later, M1 and later), where its "
+              "layout is the one Apple shows the Neural Engine runs fastest (its latency was not measured here); "
+              "`4bit` or `int8` where download size matters most; `fp16` otherwise. " if "ane" in metrics["coreml_size_mb"]
+              else "")
     return ("CoreML packages: gated on weights read from each package, run in PyTorch at float16 on this build "
-            "machine (CoreML itself runs only on macOS); their accuracy: `manifest.json` gate_verdicts.\n")
+            "machine (CoreML itself runs only on macOS); their accuracy: `manifest.json` gate_verdicts. "
+            + choose + "\n")
 
 
 def int8_note(quantized: dict, cfg: PipelineConfig) -> str | None:

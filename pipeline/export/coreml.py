@@ -27,6 +27,10 @@ SPEC_VERSION_TARGET = {7: "iOS16", 8: "iOS17", 9: "iOS18"}
 # MIL ops that hold compressed weights, per variant (int8 is blockwise from iOS18, affine before).
 COMPRESSED_WEIGHT_OPS = {"int8": ("constexpr_blockwise_shift_scale", "constexpr_affine_dequantize"),
                          "4bit": ("constexpr_lut_to_dense",)}
+# Variants whose weights stay float16: nothing to compress, nothing for the fallback to tune. ane: the standard
+# weights in the Neural Engine layout (pipeline/export/neural_engine.py), for DistilBERT.
+FLOAT_VARIANTS = ("fp16", "ane")
+NEURAL_ENGINE_TYPES = ("distilbert",)
 # What a package's dev gate runs (coreml.json's dev.executed): CoreML itself runs only on macOS.
 EXECUTED = "weights read from the package, run in PyTorch at float16"
 # The converter names a weight by its traced module path with "_" for "." and a suffix: "_to_fp16" where it cast a
@@ -92,6 +96,10 @@ def compress(wrapped: torch.nn.Module, variant: str, cfg: CoreMLConfig, keep_flo
     (a layer's sensitivity)."""
     if variant == "fp16":
         return wrapped
+    if variant == "ane":
+        from pipeline.export.neural_engine import neural_engine_twin
+
+        return neural_engine_twin(wrapped)
     if variant == "int8":
         from coremltools.optimize.torch.quantization import PostTrainingQuantizer, PostTrainingQuantizerConfig
 
@@ -125,11 +133,34 @@ def module_configs(layer: dict, by_type: dict, keep_float: tuple[str, ...], only
     return config
 
 
+def gated_architecture(wrapped: CoreMLQuestionAnswering, variant: str) -> torch.nn.Module:
+    """The module a variant's package was converted from, whose parameters its weights are read back into."""
+    if variant == "ane":
+        from pipeline.export.neural_engine import neural_engine_twin
+
+        return neural_engine_twin(wrapped)
+    return wrapped
+
+
+def variants_for(model_type: str, variants: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The variants built for a model type, and those left out with why (the Neural Engine layout is DistilBERT's)."""
+    if model_type in NEURAL_ENGINE_TYPES or "ane" not in variants:
+        return list(variants), {}
+    return ([variant for variant in variants if variant != "ane"],
+            {"ane": f"the Neural Engine layout is built for DistilBERT; this model is {model_type}"})
+
+
 def compressible_layers(wrapped: torch.nn.Module, variant: str, cfg: CoreMLConfig) -> list[str]:
     """Names of the modules a variant compresses (Linear layers, and Embedding tables where it compresses them)."""
     with_embeddings = variant == "int8" or cfg.palettize_embeddings
     kinds = (torch.nn.Linear, torch.nn.Embedding) if with_embeddings else (torch.nn.Linear,)
     return [name for name, module in wrapped.named_modules() if isinstance(module, kinds)]
+
+
+# Passes left out of the conversion, per wrapper class: the Neural Engine layout's channel layer norms scale and
+# shift by (1, C, 1, 1) parameters, which this pass would turn into batch_norm tensors of no parameter's name, and the
+# gate reads a package's weights back by name.
+SKIPPED_PASSES = {"NeuralEngineQuestionAnswering": ("common::fuse_elementwise_to_batchnorm",)}
 
 
 def convert(wrapped: torch.nn.Module, cfg: CoreMLConfig, out_path: Path) -> None:
@@ -140,6 +171,8 @@ def convert(wrapped: torch.nn.Module, cfg: CoreMLConfig, out_path: Path) -> None
     mask_input = cfg.minimum_deployment_target == "iOS18"
     with torch.no_grad():
         traced = torch.jit.trace(wrapped, (example, example) if mask_input else (example,))
+    pass_pipeline = ct.PassPipeline.DEFAULT  # a new pipeline on each access
+    pass_pipeline.remove_passes(SKIPPED_PASSES.get(type(wrapped).__name__, ()))
     shapes = ct.EnumeratedShapes(shapes=[[1, length] for length in lengths], default=[1, lengths[0]])
     inputs = [ct.TensorType("input_ids", shape=shapes, dtype=np.int32)]
     if mask_input:
@@ -148,7 +181,7 @@ def convert(wrapped: torch.nn.Module, cfg: CoreMLConfig, out_path: Path) -> None
         traced, inputs=inputs,
         outputs=[ct.TensorType("start_logits", dtype=np.float32), ct.TensorType("end_logits", dtype=np.float32)],
         convert_to="mlprogram", minimum_deployment_target=getattr(ct.target, cfg.minimum_deployment_target),
-        compute_precision=ct.precision.FLOAT16,
+        compute_precision=ct.precision.FLOAT16, pass_pipeline=pass_pipeline,
     )
     mlmodel.short_description = "Extractive question answering: start and end logits per token."
     mlmodel.save(str(out_path))
@@ -320,6 +353,17 @@ def parameters_from_package(model: torch.nn.Module, weights: dict[str, PackageWe
                      and torch.equal(parameters[other], parameter)), None)
         if twin is not None:
             tensors[name], shared[name] = tensors[twin], twin
+    # A module that scales and shifts with elementwise ops (the Neural Engine layout's channel layer norm) loses an
+    # identity scale or shift to the converter's no-op elimination: such a parameter, all ones or all zeros, is not
+    # stored, and the package computes as if it were; it reads as its own value.
+    owners = dict(model.named_modules())
+    for name, parameter in parameters.items():
+        module_name, _, kind = name.rpartition(".")
+        identity = 1.0 if kind == "weight" else 0.0
+        if (name not in tensors and stems[name] not in weights
+                and getattr(owners.get(module_name), "elided_when_identity", False)
+                and bool(torch.all(parameter == identity))):
+            tensors[name], shared[name] = parameter.detach().numpy().copy(), "(identity, not stored)"
     problems = []
     if misshapen:
         problems.append(f"{len(misshapen)} tensor(s) of another shape: {', '.join(misshapen[:3])}")

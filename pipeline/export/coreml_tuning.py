@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from pipeline.data import qa_windows
-from pipeline.export.coreml import compress, compressible_layers, load_wrapped, proxy_logits
+from pipeline.export.coreml import FLOAT_VARIANTS, compress, compressible_layers, load_wrapped, proxy_logits
 from pipeline.export.int8_tuning import (STOPPING_RULE, distribution_divergence, kept_step, tuning_records,
                                          within_target)
 from pipeline.measurement.statistics import paired_bootstrap_interval, per_question_f1
@@ -82,7 +82,7 @@ def compress_with_fallback(model_dir: Path, mask_input: bool, variant: str, cfg:
     target; returns it and the fallback's record (None: no tuning questions, or an uncompressed variant)."""
     ccfg, fcfg = cfg.export.coreml, cfg.export.quantize.fallback
     compressed = compress(load_wrapped(model_dir, mask_input), variant, ccfg)
-    if tuning is None or variant == "fp16" or not ccfg.fallback:
+    if tuning is None or variant in FLOAT_VARIANTS or not ccfg.fallback:
         return compressed, None
     before = tuning_drop(compressed, tuning, cfg)
     if within_target(before, fcfg.target_f1_drop):

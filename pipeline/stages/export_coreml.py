@@ -1,4 +1,5 @@
-"""Stage export_coreml: a trained QA model -> CoreML mlprogram packages (fp16, int8 weights, 4-bit palettized).
+"""Stage export_coreml: a trained QA model -> CoreML mlprogram packages (fp16, int8 weights, 4-bit palettized, and
+for DistilBERT the Neural Engine layout: ane, pipeline/export/neural_engine.py).
 
 The model is traced from PyTorch and converted with coremltools. Weights are compressed on the PyTorch side with
 coremltools.optimize.torch (post-training linear quantization, k-means palettization). Each package is then read
@@ -24,8 +25,9 @@ from pathlib import Path
 import torch
 
 from pipeline.data import qa_windows
-from pipeline.export.coreml import (MASKED_SCORE, check_lengths, check_package, convert, load_wrapped,
-                                    package_dev_report, read_package, weight_matrix_count)
+from pipeline.export.coreml import (FLOAT_VARIANTS, MASKED_SCORE, check_lengths, check_package, convert,
+                                    gated_architecture, load_wrapped, package_dev_report, read_package, variants_for,
+                                    weight_matrix_count)
 from pipeline.export.coreml_tuning import compress_with_fallback, proxy_tuning
 from pipeline.export.gates import gate_questions
 from pipeline.outputs.artifacts import atomic_write_json, directory_size_bytes, megabytes
@@ -43,7 +45,9 @@ def run(cfg: PipelineConfig, model_dir: Path, data_dir: Path | None, out_dir: Pa
 
     ccfg = cfg.export.coreml
     mask_input = ccfg.minimum_deployment_target == "iOS18"
-    check_lengths(ccfg, load_wrapped(model_dir, mask_input).model.config.max_position_embeddings, str(model_dir))
+    model_config = load_wrapped(model_dir, mask_input).model.config
+    check_lengths(ccfg, model_config.max_position_embeddings, str(model_dir))
+    variants, not_built = variants_for(model_config.model_type, ccfg.variants)
     questions = features = None
     if data_dir is not None:
         questions = gate_questions(data_dir, model_dir, cfg)
@@ -51,12 +55,12 @@ def run(cfg: PipelineConfig, model_dir: Path, data_dir: Path | None, out_dir: Pa
         features = qa_windows.validation_windows(questions.records, AutoTokenizer.from_pretrained(model_dir),
                                                  cfg.squad)
 
-    compressed_variants = set(ccfg.variants) - {"fp16"}
+    compressed_variants = set(variants) - set(FLOAT_VARIANTS)
     tuning, tuned_on = (proxy_tuning(data_dir, model_dir, mask_input, cfg)
                         if data_dir is not None and ccfg.fallback and compressed_variants else (None, None))
     packages = {}
     with atomic_output_dir(out_dir, cfg) as tmp:
-        for variant in ccfg.variants:
+        for variant in variants:
             compressed, fallback = compress_with_fallback(model_dir, mask_input, variant, cfg, tuning)
             kept_float = len((fallback or {}).get("fell_back", []))
             path = tmp / f"{variant}.mlpackage"
@@ -67,8 +71,9 @@ def run(cfg: PipelineConfig, model_dir: Path, data_dir: Path | None, out_dir: Pa
             packages[variant] = {"path": path.name, "size_mb": megabytes(directory_size_bytes(path)), **info,
                                  **({"fallback": fallback} if fallback is not None else {})}
             if questions is not None:
-                packages[variant]["dev"] = package_dev_report(path, load_wrapped(model_dir, mask_input), questions,
-                                                              features, cfg, f"{out_dir}/{path.name}")
+                packages[variant]["dev"] = package_dev_report(
+                    path, gated_architecture(load_wrapped(model_dir, mask_input), variant), questions, features, cfg,
+                    f"{out_dir}/{path.name}")
         metrics = {
             "model_dir": str(model_dir),
             "minimum_deployment_target": ccfg.minimum_deployment_target,
@@ -79,6 +84,7 @@ def run(cfg: PipelineConfig, model_dir: Path, data_dir: Path | None, out_dir: Pa
             # the questions the packages' fallback tuned on, or why there were none
             **({"tuned_on": tuned_on} if tuning is not None else {"not_tuned": tuned_on}),
             "packages": packages,
+            "not_built": not_built,  # variants configured but not for this model type, with why
             "rejected": sorted(variant for variant, package in packages.items()
                                if package.get("dev", {}).get("passed") is False),
         }

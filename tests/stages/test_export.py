@@ -332,6 +332,9 @@ def test_full_size_stage_runs_the_whole_path_on_a_small_stand_in(built, tmp_path
     assert report["coreml"]["4bit"]["compressed_weight_ops"]["constexpr_lut_to_dense"] == 2 * 6 + 1 + 2
     assert report["goals"]["int8_onnx_mb"]["value"] == min(report["onnx_size_mb"][name]
                                                             for name in report["int8_recipes"])
+    npu = report["npu"]  # the Android NPU graph: static int8, fixed int32 shape, sized
+    assert npu["inputs"] == {"input_ids": [1, 128], "attention_mask": [1, 128]} and npu["dynamic_ops"] == []
+    assert (tmp_path / "full_size" / npu["path"]).stat().st_size == pytest.approx(npu["size_mb"] * 1e6, abs=1e3)
 
 
 # ------------------------------------------------------------------------------------------------ bundle

@@ -455,9 +455,11 @@ class CoreMLConfig:
         "Enumerated input lengths (fixed shapes keep the Neural Engine usable; ranges do not). Each must be at most "
         "the model's max_position_embeddings.",
     )
-    variants: list[Literal["fp16", "int8", "4bit"]] = option(
-        ["fp16", "int8", "4bit"],
-        "fp16 weights; int8 weights (linear symmetric, per channel); 4-bit palettized weights (k-means).",
+    variants: list[Literal["fp16", "int8", "4bit", "ane"]] = option(
+        ["fp16", "int8", "4bit", "ane"],
+        "fp16 weights; int8 weights (linear symmetric, per channel); 4-bit palettized weights (k-means); ane: fp16 "
+        "weights in the Neural Engine layout ((B, C, 1, S) tensors, 1x1 convolutions, per-head attention; "
+        "pipeline/export/neural_engine.py), DistilBERT models only.",
     )
     palettization_granularity: Literal["per_tensor", "per_grouped_channel"] = option(
         "per_tensor", "One 16-entry lookup table per weight tensor, or one per group of output channels."
