@@ -157,12 +157,6 @@ def compressible_layers(wrapped: torch.nn.Module, variant: str, cfg: CoreMLConfi
     return [name for name, module in wrapped.named_modules() if isinstance(module, kinds)]
 
 
-# Passes left out of the conversion, per wrapper class: the Neural Engine layout's channel layer norms scale and
-# shift by (1, C, 1, 1) parameters, which this pass would turn into batch_norm tensors of no parameter's name, and the
-# gate reads a package's weights back by name.
-SKIPPED_PASSES = {"NeuralEngineQuestionAnswering": ("common::fuse_elementwise_to_batchnorm",)}
-
-
 def convert(wrapped: torch.nn.Module, cfg: CoreMLConfig, out_path: Path) -> None:
     import coremltools as ct
 
@@ -171,8 +165,6 @@ def convert(wrapped: torch.nn.Module, cfg: CoreMLConfig, out_path: Path) -> None
     mask_input = cfg.minimum_deployment_target == "iOS18"
     with torch.no_grad():
         traced = torch.jit.trace(wrapped, (example, example) if mask_input else (example,))
-    pass_pipeline = ct.PassPipeline.DEFAULT  # a new pipeline on each access
-    pass_pipeline.remove_passes(SKIPPED_PASSES.get(type(wrapped).__name__, ()))
     shapes = ct.EnumeratedShapes(shapes=[[1, length] for length in lengths], default=[1, lengths[0]])
     inputs = [ct.TensorType("input_ids", shape=shapes, dtype=np.int32)]
     if mask_input:
@@ -181,7 +173,7 @@ def convert(wrapped: torch.nn.Module, cfg: CoreMLConfig, out_path: Path) -> None
         traced, inputs=inputs,
         outputs=[ct.TensorType("start_logits", dtype=np.float32), ct.TensorType("end_logits", dtype=np.float32)],
         convert_to="mlprogram", minimum_deployment_target=getattr(ct.target, cfg.minimum_deployment_target),
-        compute_precision=ct.precision.FLOAT16, pass_pipeline=pass_pipeline,
+        compute_precision=ct.precision.FLOAT16,
     )
     mlmodel.short_description = "Extractive question answering: start and end logits per token."
     mlmodel.save(str(out_path))
@@ -353,17 +345,6 @@ def parameters_from_package(model: torch.nn.Module, weights: dict[str, PackageWe
                      and torch.equal(parameters[other], parameter)), None)
         if twin is not None:
             tensors[name], shared[name] = tensors[twin], twin
-    # A module that scales and shifts with elementwise ops (the Neural Engine layout's channel layer norm) loses an
-    # identity scale or shift to the converter's no-op elimination: such a parameter, all ones or all zeros, is not
-    # stored, and the package computes as if it were; it reads as its own value.
-    owners = dict(model.named_modules())
-    for name, parameter in parameters.items():
-        module_name, _, kind = name.rpartition(".")
-        identity = 1.0 if kind == "weight" else 0.0
-        if (name not in tensors and stems[name] not in weights
-                and getattr(owners.get(module_name), "elided_when_identity", False)
-                and bool(torch.all(parameter == identity))):
-            tensors[name], shared[name] = parameter.detach().numpy().copy(), "(identity, not stored)"
     problems = []
     if misshapen:
         problems.append(f"{len(misshapen)} tensor(s) of another shape: {', '.join(misshapen[:3])}")

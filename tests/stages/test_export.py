@@ -229,7 +229,7 @@ def test_nothing_is_bundled_only_when_the_fp32_graph_missed_its_parity_gate(buil
 def test_coreml_packages_have_the_asked_interface_and_weight_storage(built):
     report = json.loads((built["coreml"] / "coreml.json").read_text())
     packages = report["packages"]
-    assert set(packages) == {"fp16", "int8", "4bit"}
+    assert set(packages) == {"fp16", "int8", "4bit", "ane"} and report["not_built"] == {}
     for variant, package in packages.items():
         assert package["deployment_target"] == "iOS18"
         assert [i["name"] for i in package["inputs"]] == ["input_ids", "attention_mask"]
@@ -529,10 +529,12 @@ def test_the_bundle_leaves_out_rejected_coreml_packages_and_ships_without_coreml
     (coreml_dir / "coreml.json").write_text(json.dumps(report))
     write_manifest(coreml_dir)
     metrics = bundle.run(built["cfg"], built["onnx_student"], built["quantized"], coreml_dir, built["student"], built["data"], tmp_path / "b")
-    assert set(metrics["coreml_size_mb"]) == {"fp16"} and metrics["rejected_by_gates"]["coreml"] == ["4bit", "int8"]
+    assert set(metrics["coreml_size_mb"]) == {"fp16", "ane"}
+    assert metrics["rejected_by_gates"]["coreml"] == ["4bit", "int8"]
     assert metrics["rejected_why"]["coreml-int8"] == "no dev verdict"
     assert not (tmp_path / "b" / "coreml" / "4bit.mlpackage").exists()
-    assert set(json.loads((tmp_path / "b" / "qa_config.json").read_text())["coreml"]["models"]) == {"fp16"}
+    assert set(json.loads((tmp_path / "b" / "qa_config.json").read_text())["coreml"]["models"]) == {"fp16", "ane"}
+    assert "`ane.mlpackage` on devices with a Neural Engine" in (tmp_path / "b" / "README.md").read_text()
     for package in report["packages"].values():
         package["dev"] = {**report["packages"]["fp16"]["dev"], "passed": False, "verdict": "rejected"}
     (coreml_dir / "coreml.json").write_text(json.dumps(report))
