@@ -149,7 +149,7 @@ def test_the_documented_offline_deploy_runs_as_written(documented_offline_deploy
     answerable = answerable_questions(project / "my-dev.json")  # counted from the file, as a user would
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     ran = set(re.findall(r"^(?:local)?rule (\w+):$", completed.stderr, flags=re.M))
-    assert ran == {"prepare_data", "deploy_model", "export_onnx", "quantize_onnx", "export_coreml", "bundle",
+    assert ran == {"prepare_data", "deploy_model", "export_onnx", "quantize_onnx", "export_coreml", "export_npu", "bundle",
                    "benchmark", "benchmark_web", "report", "deploy"}
     assert "starts with './'" not in completed.stderr
     root = project / "artifacts" / "deploy" / "my-qa-model"
@@ -229,7 +229,7 @@ def test_the_readme_command_plans_the_deploy_dag_with_no_training_rule(tmp_path)
                         target="deploy")
     planned = {line.split()[-1].rstrip(":") for line in completed.stdout.splitlines()
                if line.startswith(("rule ", "localrule "))}
-    assert planned == {"prepare_data", "deploy_model", "export_onnx", "quantize_onnx", "export_coreml", "bundle",
+    assert planned == {"prepare_data", "deploy_model", "export_onnx", "quantize_onnx", "export_coreml", "export_npu", "bundle",
                        "benchmark", "benchmark_web", "report", "deploy"}
     assert f"{tmp_path / 'out'}/deploy/distilbert-base-cased-distilled-squad/bundle" in completed.stdout
 

@@ -145,11 +145,21 @@ def test_the_report_summary_follows_its_schema_and_every_timed_artifact_has_numb
     jsonschema.validate(summary, json.loads((PROJECT_ROOT / "configs" / "summary.schema.json").read_text()))
     assert summary["target_size_mb"] == 207 and summary["machine"]["cpu"]
     names = {a["name"] for a in summary["artifacts"]}
-    assert {"student/pytorch-fp32", "student/onnx-int8", "student/ort-int8", "teacher/coreml-4bit"} <= names
+    assert {"student/pytorch-fp32", "student/onnx-int8", "student/ort-int8", "teacher/coreml-4bit",
+            "student/coreml-ane", "student/npu-int8-static", "teacher/npu-int8-static"} <= names
+    assert "teacher/coreml-ane" not in names  # a BERT: the Neural Engine layout is DistilBERT's
+    for model in ("student", "teacher"):  # the NPU graphs' check on the QNN HTP emulation, or why it did not run
+        emulator = summary["npu"][model]["emulator"]
+        assert emulator["ran"] is True or emulator["reason"], model
+        if emulator["ran"]:
+            assert emulator["n_questions"] == 8 and 0 <= emulator["agreement_with_cpu"]["value"] <= 1
     for artifact in summary["artifacts"]:
         if artifact["format"] == "coreml":
             assert artifact["latency_ms"] is None and "macOS" in artifact["untimed_reason"]
             assert artifact["f1_source"] == "pytorch-proxy"
+        elif artifact["format"] == "onnx-npu":  # sized and scored on the CPU; the emulator's time is no latency
+            assert artifact["latency_ms"] is None and "not a phone's" in artifact["untimed_reason"]
+            assert artifact["f1_source"] == "onnxruntime-cpu" and artifact["f1"] is not None
         else:
             cell = artifact["latency_ms"]["seq64"]["threads2"]
             assert 0 < cell["p50"] <= cell["p90"] and artifact["peak_rss_mib"] > 0
@@ -157,7 +167,7 @@ def test_the_report_summary_follows_its_schema_and_every_timed_artifact_has_numb
     for plot in ("f1_vs_size.png", "f1_vs_latency.png", "loss_curves.png"):
         assert (dag_outputs / "report" / plot).read_bytes()[:4] == b"\x89PNG"
     report_text = (dag_outputs / "report" / "report.md").read_text()
-    assert "## Goals" in report_text
+    assert "## Goals" in report_text and "## Android NPU graphs" in report_text
     assert "| student_ce_only |" in report_text  # trained and scored, though export.models leaves it out
     assert "Not exported (export.models): student_ce_only; trained and scored above only." in report_text
 

@@ -96,10 +96,6 @@ def compress(wrapped: torch.nn.Module, variant: str, cfg: CoreMLConfig, keep_flo
     (a layer's sensitivity)."""
     if variant == "fp16":
         return wrapped
-    if variant == "ane":
-        from pipeline.export.neural_engine import neural_engine_twin
-
-        return neural_engine_twin(wrapped)
     if variant == "int8":
         from coremltools.optimize.torch.quantization import PostTrainingQuantizer, PostTrainingQuantizerConfig
 
@@ -131,15 +127,6 @@ def module_configs(layer: dict, by_type: dict, keep_float: tuple[str, ...], only
     if by_type:
         config["module_type_configs"] = by_type
     return config
-
-
-def gated_architecture(wrapped: CoreMLQuestionAnswering, variant: str) -> torch.nn.Module:
-    """The module a variant's package was converted from, whose parameters its weights are read back into."""
-    if variant == "ane":
-        from pipeline.export.neural_engine import neural_engine_twin
-
-        return neural_engine_twin(wrapped)
-    return wrapped
 
 
 def variants_for(model_type: str, variants: list[str]) -> tuple[list[str], dict[str, str]]:

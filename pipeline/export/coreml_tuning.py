@@ -23,6 +23,7 @@ from pipeline.data import qa_windows
 from pipeline.export.coreml import FLOAT_VARIANTS, compress, compressible_layers, load_wrapped, proxy_logits
 from pipeline.export.int8_tuning import (STOPPING_RULE, distribution_divergence, kept_step, tuning_records,
                                          within_target)
+from pipeline.export.neural_engine import converted_module
 from pipeline.measurement.statistics import paired_bootstrap_interval, per_question_f1
 from pipeline.plan.config import PipelineConfig
 from pipeline.runtime import squad
@@ -81,7 +82,7 @@ def compress_with_fallback(model_dir: Path, mask_input: bool, variant: str, cfg:
     """The variant's compressed proxy, with the fallback's layers kept in float where its tuning drop is over the
     target; returns it and the fallback's record (None: no tuning questions, or an uncompressed variant)."""
     ccfg, fcfg = cfg.export.coreml, cfg.export.quantize.fallback
-    compressed = compress(load_wrapped(model_dir, mask_input), variant, ccfg)
+    compressed = converted_module(load_wrapped(model_dir, mask_input), variant, ccfg)
     if tuning is None or variant in FLOAT_VARIANTS or not ccfg.fallback:
         return compressed, None
     before = tuning_drop(compressed, tuning, cfg)

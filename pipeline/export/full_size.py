@@ -99,6 +99,7 @@ def export_npu_graph(pytorch_dir: Path, npu_dir: Path, cfg: PipelineConfig, voca
 def export_coreml_packages(pytorch_dir: Path, coreml_dir: Path, cfg: PipelineConfig, out_dir: Path) -> dict:
     # Imported here: coremltools loads only where packages are built.
     from pipeline.export import coreml
+    from pipeline.export.neural_engine import converted_module
 
     # The size goal counts every weight, so the full-size export palettizes the embedding tables too.
     coreml_cfg = dataclasses.replace(cfg.export.coreml, palettize_embeddings=True,
@@ -108,7 +109,7 @@ def export_coreml_packages(pytorch_dir: Path, coreml_dir: Path, cfg: PipelineCon
     for variant in coreml_cfg.variants:
         wrapped = coreml.load_wrapped(pytorch_dir, coreml_cfg.minimum_deployment_target == "iOS18")
         path = coreml_dir / f"{variant}.mlpackage"
-        coreml.convert(coreml.compress(wrapped, variant, coreml_cfg), coreml_cfg, path)
+        coreml.convert(converted_module(wrapped, variant, coreml_cfg), coreml_cfg, path)
         info = coreml.read_package(path)
         coreml.check_package(info, variant, coreml_cfg,
                                     coreml.weight_matrix_count(wrapped.model, variant, coreml_cfg),

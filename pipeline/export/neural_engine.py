@@ -32,7 +32,8 @@ import copy
 import torch
 from transformers.activations import get_activation
 
-from pipeline.export.coreml import MASKED_SCORE, CoreMLQuestionAnswering
+from pipeline.export.coreml import MASKED_SCORE, CoreMLQuestionAnswering, compress
+from pipeline.plan.config import CoreMLConfig
 
 
 def conv_1x1(linear: torch.nn.Linear) -> torch.nn.Conv2d:
@@ -178,3 +179,14 @@ def neural_engine_twin(wrapped: CoreMLQuestionAnswering) -> NeuralEngineQuestion
     """The Neural Engine layout of `wrapped` (a DistilBERT), in eval mode, with copies of its weights (changing one
     model's leaves the other's); ValueError naming the model type for any other model."""
     return NeuralEngineQuestionAnswering(wrapped).eval()
+
+
+def converted_module(wrapped: CoreMLQuestionAnswering, variant: str, cfg: CoreMLConfig) -> torch.nn.Module:
+    """What a CoreML variant's package is converted from: the Neural Engine layout for ane, else the wrapper
+    compressed on the PyTorch side (coreml.compress)."""
+    return neural_engine_twin(wrapped) if variant == "ane" else compress(wrapped, variant, cfg)
+
+
+def gated_architecture(wrapped: CoreMLQuestionAnswering, variant: str) -> torch.nn.Module:
+    """The module a variant's package was converted from, whose parameters its weights are read back into."""
+    return neural_engine_twin(wrapped) if variant == "ane" else wrapped

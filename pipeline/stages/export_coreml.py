@@ -26,8 +26,8 @@ import torch
 
 from pipeline.data import qa_windows
 from pipeline.export.coreml import (FLOAT_VARIANTS, MASKED_SCORE, check_lengths, check_package, convert,
-                                    gated_architecture, load_wrapped, package_dev_report, read_package, variants_for,
-                                    weight_matrix_count)
+                                    load_wrapped, package_dev_report, read_package, variants_for, weight_matrix_count)
+from pipeline.export.neural_engine import gated_architecture
 from pipeline.export.coreml_tuning import compress_with_fallback, proxy_tuning
 from pipeline.export.gates import gate_questions
 from pipeline.outputs.artifacts import atomic_write_json, directory_size_bytes, megabytes

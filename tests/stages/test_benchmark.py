@@ -75,7 +75,7 @@ def test_the_report_shows_chromium_entries_at_each_thread_count_in_the_summary_s
     summary_data = {"target_size_mb": 207, "machine": machine, "artifacts": items, "full_size": [], "gemm_floor": None,
                     "ratios": {}, "peers": [], "models": {name: {"params": 1, "exact_match": 1.0, "f1": 1.0}
                                              for name in ("teacher", "student", "student_ce_only")},
-                    "gates": [], "skipped_timings": benchmark["skipped_timings"],
+                    "gates": [], "skipped_timings": benchmark["skipped_timings"], "npu": {},
                     "bundle": {"onnx_model": "model.int8.onnx", "onnx_variant": "int8", "int8_note": None,
                                "shipped": ["model.fp32.onnx", "model.int8.onnx", "model.int8.ort"], "rejected_why": {},
                                "coreml_executed": None}}
