@@ -10,6 +10,7 @@ that is `python -m pipeline benchmark`).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import subprocess
@@ -50,17 +51,38 @@ def measure(item: dict, cfg: BenchmarkConfig) -> tuple[dict, float | None]:
     return result["latency_ms"], result["peak_rss_mib"]
 
 
+def memory_run(cfg: BenchmarkConfig) -> BenchmarkConfig:
+    """One warm-up and one run at the longest length and the most threads: what a peer's own process runs for its
+    peak memory when its latency comes from its blocks in turn with our graph."""
+    return dataclasses.replace(cfg, sequence_lengths=[max(cfg.sequence_lengths)], threads=[max(cfg.threads)], runs=1,
+                               warmup=1)
+
+
+def in_turn_latency(in_turn: dict, cfg: BenchmarkConfig) -> dict:
+    """A peer's latency table ({seqL: {"threadsN": {p50, p90}}}, null for a length it was not timed at) from its
+    blocks in turn with our graph."""
+    return {f"seq{length}": ({f"threads{threads}": in_turn[f"seq{length}"][f"threads{threads}"]["peer"]
+                              for threads in cfg.threads} if f"seq{length}" in in_turn else None)
+            for length in cfg.sequence_lengths}
+
+
 def time_artifacts(items: list[dict], cfg: BenchmarkConfig) -> None:
     """Time every benchmark entry in place, each in its own process: its "latency_ms" and "peak_rss_mib" (null for
-    one not timed); then each peer ("peer_of" names our graph) in turn with our graph, when both were timed, as
-    "interleaved_with_ours". An OpenVINO entry its CPU plugin refuses is left untimed, saying why."""
+    one not timed). A peer ("peer_of" names our graph, timed before it) is timed once, in turn with our graph in
+    one process at every length and thread count ("interleaved_with_ours", which is also its latency table): its own
+    process then only measures its peak memory (memory_run). A peer whose graph of ours was not timed is timed
+    alone. An OpenVINO entry its CPU plugin refuses is left untimed, saying why."""
+    by_name = {item["name"]: item for item in items}
     for item in items:
         if not item["timed"]:
             item["latency_ms"], item["peak_rss_mib"] = None, None
             continue
-        logger.info("timing %s", item["name"])
+        ours = by_name.get(item.get("peer_of"))
+        in_turn = ours is not None and ours["timed"] and ours.get("latency_ms") is not None
+        logger.info("timing %s%s", item["name"], " (its memory: its latency is timed in turn with ours)" if in_turn
+                    else "")
         try:
-            item["latency_ms"], item["peak_rss_mib"] = measure(item, cfg)
+            item["latency_ms"], item["peak_rss_mib"] = measure(item, memory_run(cfg) if in_turn else cfg)
         except RuntimeError as error:
             if item["format"] != "openvino":
                 raise
@@ -69,12 +91,12 @@ def time_artifacts(items: list[dict], cfg: BenchmarkConfig) -> None:
             logger.warning("not timed: %s: %s", item["name"], error)
             item.update(timed=False, latency_ms=None, peak_rss_mib=None,
                         untimed_reason=f"OpenVINO did not run it on this machine ({error})")
-    by_name = {item["name"]: item for item in items}
-    for peer in (item for item in items if "peer_of" in item):
-        ours = by_name.get(peer["peer_of"])
-        if ours is not None and ours["timed"] and peer["timed"]:
-            logger.info("timing %s and %s in turn", peer["name"], ours["name"])
-            peer["interleaved_with_ours"] = in_worker({**peer, "ours": ours}, cfg, "interleaved-with-ours")
+            continue
+        if in_turn:
+            logger.info("timing %s and %s in turn", item["name"], ours["name"])
+            item["interleaved_with_ours"] = in_worker({**item, "ours": ours}, cfg, "interleaved-with-ours")
+            item["latency_ms"] = in_turn_latency(item["interleaved_with_ours"], cfg)
+            item["latency_timing"] = "in turn with our graph; peak memory from one run of its own"
 
 
 def worker_main(item_json: str, benchmark_json: str, task: str, out: Path) -> int:

@@ -349,7 +349,8 @@ def report_markdown(cfg: PipelineConfig, summary_data: dict, benchmark: dict, go
         "Versions: " + ", ".join(f"{k} {v}" for k, v in machine["versions"].items()) + ".",
         f"Latency: batch 1, every token attended, p50 / p90 over {cfg.benchmark.runs} timed runs after "
         f"{cfg.benchmark.warmup} warm-up runs, threads pinned in onnxruntime and torch; one process per artifact (its "
-        "peak resident memory is the last column, in MiB = 2^20 bytes). Sizes in MB = 10^6 bytes. 'n/a': the model "
+        "peak resident memory is the last column, in MiB = 2^20 bytes); a peer is timed once, in turn with our graph "
+        "(its rows are those blocks), its own process running once at the longest length for its memory. Sizes in MB = 10^6 bytes. 'n/a': the model "
         "has fewer positions than the length, or it cannot be timed here (CoreML runs only on macOS; some full-size "
         "artifacts are sized only, see benchmark.timed_full_size).",
         *javascript_note(summary_data, cfg),

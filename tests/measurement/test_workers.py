@@ -28,31 +28,37 @@ def test_each_artifact_is_timed_in_its_own_process_with_its_peak_memory(tiny_int
     assert torch_latency["seq32"]["threads2"]["p50"] > 0 and torch_rss > peak_rss_mib
 
 
-def test_entries_are_timed_in_place_and_each_peer_then_in_turn_with_our_graph(monkeypatch):
+def test_entries_are_timed_in_place_and_each_peer_in_turn_with_our_graph(monkeypatch):
+    """A peer of a timed graph is timed once, in turn with it (its latency table comes from there), its own process
+    running once for its memory; a peer of an untimed graph is timed alone."""
     started = []
 
     def measure(item, cfg):
-        started.append(("latency", item["name"]))
+        started.append(("latency", item["name"], cfg.runs, tuple(cfg.sequence_lengths), tuple(cfg.threads)))
         if item["name"] == "refused":
             raise RuntimeError("the CPU plugin refused it")
         return {"seq32": {"threads1": {"p50": 1.0, "p90": 1.0}}}, 100.0
 
     def in_worker(item, cfg, task):
         started.append((task, item["name"], item["ours"]["name"]))
-        return {"seq32": {"threads1": {"peer": {}, "ours": {}}}}
+        return {"seq32": {"threads1": {"peer": {"p50": 3.0, "p90": 4.0}, "ours": {"p50": 2.0, "p90": 2.5}}}}
 
     monkeypatch.setattr(workers, "measure", measure)
     monkeypatch.setattr(workers, "in_worker", in_worker)
+    cfg = BenchmarkConfig(sequence_lengths=[32, 256], threads=[1], runs=20)
     items = [entry("ours"), entry("coreml", fmt="coreml", timed=False), entry("peer", peer_of="ours"),
              entry("refused", fmt="openvino", peer_of="ours"), entry("peer-of-untimed", peer_of="coreml")]
-    workers.time_artifacts(items, BenchmarkConfig())
+    workers.time_artifacts(items, cfg)
     ours, coreml, peer, refused, peer_of_untimed = items
-    assert started == [("latency", "ours"), ("latency", "peer"), ("latency", "refused"),
-                       ("latency", "peer-of-untimed"), ("interleaved-with-ours", "peer", "ours")]
+    assert started == [("latency", "ours", 20, (32, 256), (1,)), ("latency", "peer", 1, (256,), (1,)),
+                       ("interleaved-with-ours", "peer", "ours"), ("latency", "refused", 1, (256,), (1,)),
+                       ("latency", "peer-of-untimed", 20, (32, 256), (1,))]
     assert ours["peak_rss_mib"] == 100.0 and coreml["latency_ms"] is None and coreml["peak_rss_mib"] is None
+    assert peer["latency_ms"] == {"seq32": {"threads1": {"p50": 3.0, "p90": 4.0}}, "seq256": None}
+    assert peer["peak_rss_mib"] == 100.0 and "in turn" in peer["latency_timing"]
     assert refused["timed"] is False and refused["latency_ms"] is None
     assert refused["untimed_reason"] == "OpenVINO did not run it on this machine (the CPU plugin refused it)"
-    assert "interleaved_with_ours" in peer and "interleaved_with_ours" not in peer_of_untimed
+    assert "interleaved_with_ours" not in peer_of_untimed and "latency_timing" not in peer_of_untimed
     with pytest.raises(RuntimeError, match="refused"):  # only OpenVINO's refusal is a reason to go on
         workers.time_artifacts([entry("refused")], BenchmarkConfig())
 
