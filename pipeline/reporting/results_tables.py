@@ -19,6 +19,7 @@ import csv
 import re
 import shutil
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 from pipeline.outputs.artifacts import atomic_write_json, atomic_write_text, read_json
@@ -74,6 +75,7 @@ def collect_run(root: Path, name: str, simd: str, wall_seconds: float, exit_code
         "name": name, "cpu": cpu["model_name"], "simd_flags": cpu["simd_flags"], "simd": simd,
         "command": command, "commit": commit, "wall_seconds": round(wall_seconds, 1), "exit_code": exit_code,
         "rule_seconds": rule_seconds(root), "note": note, "suite_seconds": suite_seconds,
+        "collected_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     })
     return target
 
@@ -203,6 +205,19 @@ def headline(run: dict) -> str:
         target = summary["target_size_mb"]  # DistilBERT on an iPhone 7 Plus, as the report read it
         lines.append(f"| full-size DistilBERT, CoreML 4-bit | {coreml['size_mb']:.1f} MB, "
                      f"{target / coreml['size_mb']:.1f}x below the paper's {target} MB (iPhone 7 Plus) |")
+    ane, npu = find_artifact(summary, "distilbert/coreml-ane"), next(
+        (item for item in summary["full_size"] if item["name"].startswith("distilbert/npu-int8-static")), None)
+    if ane and npu:
+        lines.append(f"| full-size DistilBERT, CoreML Neural Engine layout / Android NPU graph (static int8, one "
+                     f"length) | {ane['size_mb']:.1f} / {npu['size_mb']:.1f} MB (sizes only: no phone here) |")
+    emulator = ((summary.get("npu") or {}).get("student") or {}).get("emulator")
+    if emulator:
+        agreement = emulator.get("agreement_with_cpu") or {}
+        lines.append("| student's Android NPU graphs on the QNN HTP emulation, answers = the CPU execution provider's | "
+                     + (f"{agreement['value']:.1%} of {emulator['n_questions']} gated questions (Wilson "
+                        f"[{agreement['interval'][0]:.3f}, {agreement['interval'][1]:.3f}]), largest logit difference "
+                        f"{emulator['max_abs_logit_diff_vs_cpu']:.2f} |" if emulator["ran"]
+                        else f"not run: {emulator['reason']} |"))
     if bert_ms and distil_ms:
         lines.append(f"| full-size BERT-base / DistilBERT, PyTorch fp32 | {bert_ms:.1f} / {distil_ms:.1f} ms "
                      f"({bert_ms / distil_ms:.1f}x) |")
@@ -227,12 +242,14 @@ def latency_cells(item: dict, lengths: tuple[int, ...] = (128, 384), threads: tu
 # The artifacts README and docs/results.md show of a run (summary.json has every one).
 SHOWN_ARTIFACTS = ("student/pytorch-fp32", "student/onnx-fp32", "student/onnx-int8", "student/ort-int8",
                    "student/onnx-int4", "student/coreml-fp16", "student/coreml-int8", "student/coreml-4bit",
+                   "student/coreml-ane", "student/npu-int8-static",
                    "student/onnx-node-int8-optimized", "student/onnx-web-int8-optimized",
                    "student/onnx-web-chromium-int8-optimized", "bert-base/pytorch-fp32", "bert-base/onnx-int8-optimized",
                    "distilbert/pytorch-fp32", "distilbert/onnx-fp32", "distilbert/onnx-int8",
                    "distilbert/onnx-int8-optimized", "distilbert/onnx-node-int8-optimized",
                    "distilbert/onnx-web-int8-optimized", "distilbert/onnx-web-chromium-int8-optimized",
-                   "distilbert/coreml-fp16", "distilbert/coreml-int8", "distilbert/coreml-4bit")
+                   "distilbert/coreml-fp16", "distilbert/coreml-int8", "distilbert/coreml-4bit", "distilbert/coreml-ane",
+                   "distilbert/npu-int8-static-L128")
 
 
 def artifacts_table(run: dict) -> str:
@@ -240,7 +257,8 @@ def artifacts_table(run: dict) -> str:
     summary = run["summary"]
     lines = [f"`results/{run['name']}/summary.json`, {cpu_label(run)}, SIMD: {simd_label(run)}. p50 ms at 1 / 2 "
              "threads (JavaScript in Node: 1 thread; in Chromium: its WebAssembly threads); n/a: beyond the model's "
-             "positions, or not runnable here (CoreML needs macOS).", "",
+             "positions, or not runnable here (CoreML needs macOS; the Android NPU graphs need a phone's NPU: their F1 "
+             "is the CPU execution provider's).", "",
              "| artifact | MB | dev F1 | seq 128 | seq 384 | peak RSS MiB |", "|---|---|---|---|---|---|"]
     for name in SHOWN_ARTIFACTS:
         item = find_artifact(summary, name)
@@ -328,8 +346,11 @@ def blocks(runs: list[dict], real_model_runs: list[dict] | None = None) -> dict[
     text = {"runs": runs_table(runs) if runs else "No reference run is committed."}
     text["real_model"] = ("\n\n".join(real_model_table(run) for run in real_model_runs) if real_model_runs
                           else "No real-model run is committed.")
-    # The headline: a run under its CPU's own SIMD, the one with a study first (its claims and tables agree).
-    native = sorted((run for run in finished if run["simd"] == "native"), key=lambda run: run["study"] is None)
+    # The headline: the most recently collected run under its CPU's own SIMD (what the pipeline builds now; runs
+    # collected before run.json had the date count as oldest), one with a study first among equals; the claims
+    # block names the runs whose study it reads.
+    native = sorted((run for run in finished if run["simd"] == "native"),
+                    key=lambda run: (run.get("collected_utc") or "", run["study"] is not None), reverse=True)
     headline_run = native[0] if native else (finished[0] if finished else None)
     none = "No reference run is committed."
     text["headline"] = headline(headline_run) if headline_run else none
