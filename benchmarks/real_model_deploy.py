@@ -178,6 +178,7 @@ def record(work: Path, prepared: dict, ran: dict, out: Path) -> dict:
     quantized = read_json(root / "quantized" / "deployed" / "quantize.json")
     coreml = read_json(root / "coreml" / "deployed" / "coreml.json")
     bundle = read_json(root / "bundle" / "metrics.json") if (root / "bundle" / "metrics.json").is_file() else None
+    npu = read_json(root / "npu" / "deployed" / "npu.json") if (root / "npu" / "deployed" / "npu.json").is_file() else None
     cpu = cpu_description()
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=PROJECT, capture_output=True, text=True).stdout.strip()
     result = {
@@ -193,6 +194,9 @@ def record(work: Path, prepared: dict, ran: dict, out: Path) -> dict:
         "int8_shipped": quantized["bundle_choice"], "int8_decided_by": quantized["decided_by"],
         "coreml": {name: variant_row({**package["dev"], "fallback": package.get("fallback")})
                    for name, package in coreml["packages"].items()},
+        # the Android NPU graphs: gated on the CPU execution provider, and the QNN HTP emulation's check
+        "npu": None if npu is None else {**variant_row(npu["dev"]), "size_mb": npu["size_mb"], "emulator": {
+            key: value for key, value in npu["emulator"].items() if key != "question_ids"}},
         "bundle": None if bundle is None else {key: bundle.get(key) for key in (
             "onnx_model", "onnx_variant", "int8_note", "f1", "pytorch_f1", "unproven", "rejected_by_gates",
             "rejected_why", "openvino_size_mb", "openvino_precision")},

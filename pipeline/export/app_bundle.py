@@ -274,7 +274,8 @@ def npu_section(config: dict, metrics: dict) -> str:
     emulator = npu.get("emulator") or {}
     checked = (f"on the QNN HTP backend's x86 emulation (htp_arch {emulator['htp_arch']}, soc_model "
                f"{emulator['soc_model']}) {emulator['n_questions']} of the gated questions gave the CPU execution "
-               f"provider's answer {emulator['agreement_with_cpu']['value']:.0%} of the time (largest logit "
+               f"provider's answer {npu_graph.emulator_agreement(emulator['agreement_with_cpu'])['value']:.0%} of "
+               f"the time (largest logit "
                f"difference {emulator['max_abs_logit_diff_vs_cpu']})" if emulator.get("ran") else
                f"the NPU's own arithmetic was not checked here: {emulator.get('reason', 'no emulation')}")
     fallback = config["android_npu"]["fallback"]

@@ -300,21 +300,33 @@ def largest_logit_difference(a: Answers, b: Answers, windows: answering.Windows)
 # ------------------------------------------------------------------------------------- the NPU's own arithmetic
 
 
-def npu_gate(emulated: dict[str, str], cpu: dict[str, str], minimum: float | None) -> dict:
-    """The emulated NPU's answers against the CPU execution provider's on the same graph and questions: a sample,
-    so only a disagreement the Wilson interval shows (its upper end below `minimum`, export.gates'
-    min_answer_agreement) is a gate miss (rejected); otherwise the agreement is recorded and does not vote (a small
-    sample can show a difference, not prove its absence)."""
+def npu_gate(emulated: dict[str, str], cpu: dict[str, str], gold: dict[str, list[str]], minimum: float | None,
+             maximum: float) -> dict:
+    """The emulated NPU's answers against the CPU execution provider's, on the same graphs and sample questions:
+    answer agreement (Wilson interval) and the F1 the NPU loses (paired bootstrap over the questions). A sample can
+    show a difference, not prove its absence, so the gate misses (rejected) only where an interval shows one: the
+    agreement's upper end below `minimum` (export.gates.min_answer_agreement; null where a deploy does not gate on
+    agreement) or the F1 loss's lower end above `maximum` (export.gates.max_f1_drop). Otherwise both are recorded
+    and do not vote."""
     from pipeline.export.gates import REJECTED, RECORDED
-    from pipeline.measurement.statistics import wilson_interval
+    from pipeline.measurement.statistics import paired_bootstrap_interval, per_question_f1, wilson_interval
 
+    sample_gold = {question_id: gold[question_id] for question_id in cpu}
     same = sum(emulated.get(question_id) == answer for question_id, answer in cpu.items())
     low, high = wilson_interval(same, len(cpu))
-    significant = minimum is not None and high < minimum
-    return {"value": round(same / len(cpu), 4), "interval": [low, high], "minimum": minimum,
-            "verdict": REJECTED if significant else RECORDED, "passed": False if significant else None,
-            "judged_by": f"Wilson 95 % interval of {same}/{len(cpu)} answers equal to the CPU execution provider's "
-                         f"(a miss only where the whole interval is below the minimum)"}
+    losses = per_question_f1(cpu, sample_gold) - per_question_f1(emulated, sample_gold)
+    loss_low, loss_high = paired_bootstrap_interval(losses)
+    loss = {"f1_drop": round(float(losses.mean()), 3), "f1_drop_interval": [loss_low, loss_high],
+            "f1_drop_maximum": maximum}
+    agreement = {"value": round(same / len(cpu), 4), "interval": [low, high], "minimum": minimum}
+    judged = (f"Wilson 95 % interval of {same}/{len(cpu)} answers equal to the CPU execution provider's, and the "
+              f"paired bootstrap 95 % interval of the F1 the NPU loses over those {len(cpu)} questions")
+    if minimum is not None and high < minimum:
+        return {**agreement, **loss, "verdict": REJECTED, "passed": False, "judged_by": judged}
+    if loss_low > maximum:  # judged by the F1 loss: its numbers are the gate's value, interval and bound
+        return {"value": loss["f1_drop"], "interval": [loss_low, loss_high], "maximum": maximum,
+                "answer_agreement": agreement, "verdict": REJECTED, "passed": False, "judged_by": judged}
+    return {**agreement, **loss, "verdict": RECORDED, "passed": None, "judged_by": judged}
 
 
 def emulator_report(graphs: dict[int, Path], cpu_answers: Answers, examples: list[dict[str, str]],
@@ -349,7 +361,8 @@ def emulator_report(graphs: dict[int, Path], cpu_answers: Answers, examples: lis
     sample_gold = {q: gold[q] for q in sample_ids}
     return {"ran": True, **setting, "n_questions": len(sample_ids), "n_windows": len(rows),
             "question_ids": sample_ids,
-            "agreement_with_cpu": npu_gate(emulated.predictions, cpu.predictions, cfg.export.gates.min_answer_agreement),
+            "agreement_with_cpu": npu_gate(emulated.predictions, cpu.predictions, gold,
+                                           cfg.export.gates.min_answer_agreement, cfg.export.gates.max_f1_drop),
             "agreement_with_pytorch": {"value": round(same_as_pytorch / len(sample_ids), 4),
                                        "interval": list(wilson_interval(same_as_pytorch, len(sample_ids)))},
             "f1": round(squad.squad_v1_scores(sample_gold, emulated.predictions)["f1"], 3),
@@ -358,3 +371,8 @@ def emulator_report(graphs: dict[int, Path], cpu_answers: Answers, examples: lis
             "max_abs_logit_diff_vs_cpu": round(largest_logit_difference(emulated, cpu, sample), 5),
             "emulator_seconds_per_window": round(float(np.median(seconds)), 4),
             "note": "seconds in the x86 emulation of the HTP: not a phone's latency"}
+
+
+def emulator_agreement(gate: dict) -> dict:
+    """The answer agreement of an npu gate ({value, interval, minimum}), whichever measure judged it."""
+    return gate.get("answer_agreement") or gate

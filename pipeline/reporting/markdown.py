@@ -313,10 +313,11 @@ def npu_lines(checks: dict) -> list[str]:
              "One graph per length, gated above (android-npu rows) on the CPU execution provider. The NPU computes "
              "int8 its own way: a sample of the gated questions also ran through the QNN HTP backend's x86 emulation "
              "(onnxruntime-qnn, CPU fallback off, so every node ran on the emulated NPU) and is compared with the CPU "
-             "execution provider's answers on the same graphs; only a disagreement whose whole Wilson interval lies "
-             "below the agreement gate is a miss (the `npu` gate). The emulator's seconds are an x86 emulation, not a "
+             "execution provider's answers on the same graphs; a disagreement is a miss (the `npu` gate) only where an "
+             "interval shows it: the agreement's whole Wilson interval below export.gates.min_answer_agreement, or the "
+             "whole paired interval of the F1 the NPU loses above export.gates.max_f1_drop. The emulator's seconds are an x86 emulation, not a "
              "phone's latency: no NPU latency was measured here.", "",
-             "| model | lengths | size | verdict | NNAPI: nodes taken, partitions | emulated HTP | = CPU EP | = PyTorch "
+             "| model | lengths | size | verdict | NNAPI: nodes taken, partitions | emulated HTP | npu gate: = CPU EP (or F1 lost) | = PyTorch "
              "| F1 emulated / CPU EP (sample) | largest logit diff | emulator s/window |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for model, check in checks.items():

@@ -212,7 +212,8 @@ def headline(run: dict) -> str:
                      f"length) | {ane['size_mb']:.1f} / {npu['size_mb']:.1f} MB (sizes only: no phone here) |")
     emulator = ((summary.get("npu") or {}).get("student") or {}).get("emulator")
     if emulator:
-        agreement = emulator.get("agreement_with_cpu") or {}
+        gate = emulator.get("agreement_with_cpu") or {}
+        agreement = gate.get("answer_agreement") or gate  # whichever measure judged the npu gate
         lines.append("| student's Android NPU graphs on the QNN HTP emulation, answers = the CPU execution provider's | "
                      + (f"{agreement['value']:.1%} of {emulator['n_questions']} gated questions (Wilson "
                         f"[{agreement['interval'][0]:.3f}, {agreement['interval'][1]:.3f}]), largest logit difference "

@@ -122,10 +122,19 @@ def test_a_graph_with_an_operator_qnn_does_not_take_is_refused_saying_so(built, 
 
 
 def test_the_npu_gate_misses_only_on_a_disagreement_its_interval_shows():
-    cpu = {f"q{i}": "a" for i in range(40)}
-    two_differ = {**cpu, "q0": "b", "q1": "b"}
-    assert npu_graph.npu_gate(two_differ, cpu, 0.96)["verdict"] == RECORDED  # 38/40: interval reaches 0.96
-    half_differ = {q: ("b" if i % 2 else "a") for i, q in enumerate(cpu)}
-    gate = npu_graph.npu_gate(half_differ, cpu, 0.96)
+    gold = {f"q{i}": ["paris"] for i in range(40)}
+    cpu = {f"q{i}": "paris" for i in range(40)}
+    two_differ = {**cpu, "q0": "lyon", "q1": "lyon"}
+    gate = npu_graph.npu_gate(two_differ, cpu, gold, 0.96, 1.0)
+    assert gate["verdict"] == RECORDED and gate["passed"] is None  # 38/40: the interval reaches 0.96, and the
+    assert gate["f1_drop"] == 5.0 and gate["f1_drop_interval"][0] <= 1.0  # F1 loss's reaches the 1-point bound
+    half_differ = {q: ("lyon" if i % 2 else "paris") for i, q in enumerate(cpu)}
+    gate = npu_graph.npu_gate(half_differ, cpu, gold, 0.96, 1.0)
     assert gate["verdict"] == REJECTED and gate["passed"] is False and gate["interval"][1] < 0.96
-    assert npu_graph.npu_gate(half_differ, cpu, None)["verdict"] == RECORDED
+    # where agreement is no gate (a deploy's config), the F1 the NPU loses still is
+    gate = npu_graph.npu_gate(half_differ, cpu, gold, None, 1.0)
+    assert gate["verdict"] == REJECTED and gate["value"] == 50.0 and gate["interval"][0] > gate["maximum"] == 1.0
+    assert gate["answer_agreement"]["value"] == 0.5 and "minimum" not in gate
+    # answers that differ without losing F1 (another span as good) are recorded only
+    other_span = {q: "paris france" for q in cpu}
+    assert npu_graph.npu_gate(other_span, cpu, {q: ["paris", "paris france"] for q in cpu}, None, 1.0)["verdict"] == RECORDED
