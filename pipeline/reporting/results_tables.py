@@ -318,7 +318,11 @@ def real_model_table(run: dict) -> str:
                                        if run["coreml"][name]["verdict"] != "rejected"}
     if (run.get("bundle") or {}).get("openvino_size_mb") is not None:  # the x86 target shipped beside the ONNX choice
         shipped |= {name for name, row in run["int8"].items() if row.get("runtime") == "openvino"}
-    rows = [*run["int8"].items(), *((f"coreml-{name}", row) for name, row in (run.get("coreml") or {}).items())]
+    rows = [*run["int8"].items(), *((f"coreml-{name}", row) for name, row in (run.get("coreml") or {}).items()),
+            *([("android-npu (static int8, fixed shapes; CPU execution provider)", run["npu"])] if run.get("npu") else [])]
+    if run.get("npu") and run["npu"]["verdict"] != "rejected" and run.get("bundle") and "android-npu" not in (
+            run["bundle"].get("rejected_why") or {}):
+        shipped.add("android-npu (static int8, fixed shapes; CPU execution provider)")
     for name, row in rows:
         if row.get("error"):
             lines.append(f"| {name} | n/a | n/a | {row['verdict']}: {row['error']} | | | | |")
