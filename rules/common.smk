@@ -89,9 +89,9 @@ PEERS_BUILT = {architecture: [peer for peer in BUILT_PEERS
                               if f"{architecture}/{peer}" in CFG.benchmark.timed_full_size]
                for architecture in FULL_SIZE}
 PEERS_BUILT = {architecture: names for architecture, names in PEERS_BUILT.items() if names}
-# Priorities: the chain to distill_squad is the critical path, then the CE-only baseline; the export rules and the
-# full-size exports (which need nothing from training) keep Snakemake's default 0 and fill idle cores.
-CRITICAL, BASELINE, FILLER = 3, 2, 0
+# Priorities: the chain to distill_squad is the critical path, then the CE-only baseline, then the full-size exports
+# (which need nothing from training); the export rules keep Snakemake's default 0 and fill idle cores.
+CRITICAL, BASELINE, FULL_SIZE_FIRST, FILLER = 3, 2, 1, 0
 
 
 def training_threads(train_cfg, default):

@@ -47,7 +47,10 @@ rule export_onnx:
                     threads_variable="OMP_NUM_THREADS")
 
 
-# Times its int8 variants to pick the bundle's: it takes every core, so nothing runs beside the timed runs.
+# Scores its int8 variants on dev and times them at 1 thread to pick the bundle's. One core: scoring the small models
+# gains little from a second thread, and two of these side by side finish sooner than one after the other with every
+# core. The variants are timed round-robin in one process (a neighbour on the other core slows each alike), and
+# medians within export.quantize.latency_tie_fraction are a tie broken by size, so the choice does not follow noise.
 rule quantize_onnx:
     input:
         onnx=f"{ROOT}/onnx/{{model}}",
@@ -64,7 +67,7 @@ rule quantize_onnx:
         log_file("quantize_onnx_{model}"),
     benchmark:
         benchmark_file("quantize_onnx_{model}")
-    threads: workflow.cores
+    threads: 1
     resources:
         **EXPORT_RESOURCES,
     shell:
@@ -120,9 +123,13 @@ rule export_npu:
                     threads_variable="OMP_NUM_THREADS")
 
 
-# The full-size architectures need nothing from training (random weights): they fill idle cores.
+# The full-size architectures need nothing from training (random weights): they fill idle cores. The data folder is
+# an ordering input only (the stage does not read it): started at once, a 1-thread full-size export takes the core
+# that the 2-thread tokenizer and teacher pretraining wait for (2:18 of the critical path on the AMD EPYC with AVX2
+# only); after prepare_data, those take both cores first and the full-size exports run beside 1-thread training.
 rule export_full_size:
     input:
+        data=rules.prepare_data.output[0],
         code=code("export-full-size"),
     output:
         directory(f"{ROOT}/full_size/{{architecture}}"),
@@ -134,7 +141,7 @@ rule export_full_size:
         log_file("export_full_size_{architecture}"),
     benchmark:
         benchmark_file("export_full_size_{architecture}")
-    priority: FILLER
+    priority: FULL_SIZE_FIRST  # int8_search (and so the bundle) waits for the DistilBERT one: before the other exports
     threads: 1
     resources:
         **EXPORT_RESOURCES,

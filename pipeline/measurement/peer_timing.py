@@ -1,6 +1,6 @@
 """Peers timed in turn, in one process, so a drift in machine speed hits each alike: the torch peer on every
-quantized engine (round-robin, to choose its engine), and a peer beside our int8 graph by blocks at every length
-and thread count (latency.time_in_blocks: one runtime's spinning threads must not slow the other)."""
+quantized engine (round-robin, to choose its engine), and the peers beside our int8 graph by blocks at every length
+and thread count (latency.time_in_blocks: one runtime's spinning threads must not slow another)."""
 
 from __future__ import annotations
 
@@ -32,21 +32,29 @@ def search_torch_engine(item: dict, cfg: BenchmarkConfig) -> dict:
             "choice": fastest_first(engines)[0]}
 
 
-def interleaved_with_ours(peer: dict, ours: dict, cfg: BenchmarkConfig) -> dict:
-    """The peer and our graph timed in one process, in turn by blocks (latency.time_in_blocks: cfg.runs each after
+def peers_in_turn_with_ours(peers: list[dict], ours: dict, cfg: BenchmarkConfig) -> dict:
+    """Every peer and our graph timed in one process, in turn by blocks (latency.time_in_blocks: cfg.runs each after
     cfg.warmup) at every length and thread count, so a drift in machine speed cannot make one look faster, nor one
-    runtime's spinning threads slow the other: {seqL: {"threadsN": {"peer": {p50, p90}, "ours": {p50, p90}}}}."""
-    peer_model = load_pytorch(peer) if peer["format"] == "pytorch" else None
-    comparison: dict = {}
+    runtime's spinning threads slow another; our graph's timing in a cell is every peer's reference. Returns each
+    peer's comparison, by name: {seqL: {"threadsN": {"peer": {p50, p90}, "ours": {p50,
+    p90}}}}; a length past a peer's positions (or ours) is left out of that peer's."""
+    models = {peer["name"]: load_pytorch(peer) if peer["format"] == "pytorch" else None for peer in peers}
+    comparison: dict = {peer["name"]: {} for peer in peers}
     for length in cfg.sequence_lengths:
-        if length > min(peer["max_positions"], ours["max_positions"]):
+        if length > ours["max_positions"]:
             continue
-        comparison[f"seq{length}"] = {}
+        fitting = [peer for peer in peers if length <= peer["max_positions"]]
+        if not fitting:
+            continue
         for threads in cfg.threads:
-            if peer_model is not None:
+            if any(model is not None for model in models.values()):
                 import torch
 
-                torch.set_num_threads(threads)  # the ONNX and OpenVINO runners pin their own
-            runs_once = {"peer": runner(peer, length, threads, peer_model), "ours": runner(ours, length, threads)}
-            comparison[f"seq{length}"][f"threads{threads}"] = time_in_blocks(runs_once, cfg.runs, cfg.warmup)
+                torch.set_num_threads(threads)  # the torch peer's; the ONNX and OpenVINO runners pin their own
+            runs_once = {"ours": runner(ours, length, threads)}
+            runs_once.update({peer["name"]: runner(peer, length, threads, models[peer["name"]]) for peer in fitting})
+            timed = time_in_blocks(runs_once, cfg.runs, cfg.warmup)
+            for peer in fitting:
+                comparison[peer["name"]].setdefault(f"seq{length}", {})[f"threads{threads}"] = {
+                    "peer": timed[peer["name"]], "ours": timed["ours"]}
     return comparison

@@ -1,5 +1,5 @@
 """Each timing in a fresh worker process: an artifact's latency table with the process's peak resident memory, the
-torch peer's engine search, a peer in turn with our graph. A fresh process per artifact keeps one artifact's memory
+torch peer's engine search, the peers in turn with our graph. A fresh process per artifact keeps one artifact's memory
 and threads out of the next one's figures; this module's start-up is charged to each of them, so it imports no
 export library and no torch until a PyTorch artifact is loaded.
 
@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pipeline.measurement.peer_timing import interleaved_with_ours, search_torch_engine
+from pipeline.measurement.peer_timing import peers_in_turn_with_ours, search_torch_engine
 from pipeline.measurement.runners import latency_table
 from pipeline.outputs.artifacts import atomic_write_json, read_json
 from pipeline.outputs.machine import high_water_mark_mib
@@ -26,7 +26,7 @@ from pipeline.plan.config import BenchmarkConfig
 
 logger = logging.getLogger(__name__)
 
-TASKS = ("latency", "torch-engine-search", "interleaved-with-ours")
+TASKS = ("latency", "torch-engine-search", "peers-in-turn-with-ours")
 
 
 def in_worker(item: dict, cfg: BenchmarkConfig, task: str = "latency") -> dict:
@@ -66,13 +66,27 @@ def in_turn_latency(in_turn: dict, cfg: BenchmarkConfig) -> dict:
             for length in cfg.sequence_lengths}
 
 
+def same_run_as(item: dict, by_name: dict[str, dict]) -> str | None:
+    """The -f32 entry an OpenVINO "-default" entry repeats on this CPU: where the runtime's default precision for
+    what is not int8 resolved to f32 (no bf16 or fp16 inference), the two compile the same model the same way; None
+    otherwise."""
+    if item["format"] != "openvino" or item.get("openvino_precision") != "default":
+        return None
+    if item.get("runtime_precision") != "f32":
+        return None
+    sibling = by_name.get(item["name"].removesuffix("-default") + "-f32")
+    return sibling["name"] if sibling is not None and sibling["timed"] else None
+
+
 def time_artifacts(items: list[dict], cfg: BenchmarkConfig) -> None:
     """Time every benchmark entry in place, each in its own process: its "latency_ms" and "peak_rss_mib" (null for
-    one not timed). A peer ("peer_of" names our graph, timed before it) is timed once, in turn with our graph in
-    one process at every length and thread count ("interleaved_with_ours", which is also its latency table): its own
-    process then only measures its peak memory (memory_run). A peer whose graph of ours was not timed is timed
-    alone. An OpenVINO entry its CPU plugin refuses is left untimed, saying why."""
+    one not timed). A peer ("peer_of" names our graph, timed before it) is timed once, in turn with our graph and the
+    other peers of that graph in one process at every length and thread count ("interleaved_with_ours", which is
+    also its latency table): its own process then only measures its peak memory (memory_run). A peer whose graph of
+    ours was not timed is timed alone. An OpenVINO entry its CPU plugin refuses is left untimed, saying why; so is a
+    "-default" one that repeats its "-f32" sibling on this CPU (same_run_as)."""
     by_name = {item["name"]: item for item in items}
+    in_turn_with: dict[str, list[dict]] = {}  # our graph's name: its peers, timed in turn with it
     for item in items:
         if not item["timed"]:
             item["latency_ms"], item["peak_rss_mib"] = None, None
@@ -92,11 +106,22 @@ def time_artifacts(items: list[dict], cfg: BenchmarkConfig) -> None:
             item.update(timed=False, latency_ms=None, peak_rss_mib=None,
                         untimed_reason=f"OpenVINO did not run it on this machine ({error})")
             continue
+        repeated = same_run_as(item, by_name)
+        if repeated is not None:
+            # timing it would time the sibling's run again (about a minute per peer on the slowest CPU kind)
+            item.update(timed=False, latency_ms=None, same_run_as=repeated, untimed_reason=(
+                f"OpenVINO's default precision resolved to f32 on this CPU: the same run as {repeated}"))
+            continue
         if in_turn:
-            logger.info("timing %s and %s in turn", item["name"], ours["name"])
-            item["interleaved_with_ours"] = in_worker({**item, "ours": ours}, cfg, "interleaved-with-ours")
-            item["latency_ms"] = in_turn_latency(item["interleaved_with_ours"], cfg)
-            item["latency_timing"] = "in turn with our graph; peak memory from one run of its own"
+            in_turn_with.setdefault(ours["name"], []).append(item)
+    for ours_name, peers in in_turn_with.items():
+        logger.info("timing %s in turn with %s", ", ".join(peer["name"] for peer in peers), ours_name)
+        comparison = in_worker({"name": f"the peers of {ours_name}", "ours": by_name[ours_name], "peers": peers}, cfg,
+                               "peers-in-turn-with-ours")
+        for peer in peers:
+            peer["interleaved_with_ours"] = comparison[peer["name"]]
+            peer["latency_ms"] = in_turn_latency(peer["interleaved_with_ours"], cfg)
+            peer["latency_timing"] = "in turn with our graph and its other peers; peak memory from one run of its own"
 
 
 def worker_main(item_json: str, benchmark_json: str, task: str, out: Path) -> int:
@@ -104,8 +129,8 @@ def worker_main(item_json: str, benchmark_json: str, task: str, out: Path) -> in
     cfg = BenchmarkConfig(**json.loads(benchmark_json))
     if task == "torch-engine-search":
         atomic_write_json(out, search_torch_engine(item, cfg))
-    elif task == "interleaved-with-ours":
-        atomic_write_json(out, interleaved_with_ours(item, item["ours"], cfg))
+    elif task == "peers-in-turn-with-ours":
+        atomic_write_json(out, peers_in_turn_with_ours(item["peers"], item["ours"], cfg))
     else:
         latency = latency_table(item, cfg)
         peak = high_water_mark_mib()

@@ -83,7 +83,8 @@ def peer_verdict(row: dict) -> str:
     points = [(f"seq {key[3:]}, {threads[7:]} thr", cell) for key, by_threads in row["latency"].items()
               for threads, cell in by_threads.items()]
     if not points:
-        return f"- {row['name']}: not timed against {row['ours']}."
+        reason = f" ({row['untimed_reason']})" if row.get("untimed_reason") else ""
+        return f"- {row['name']}: not timed against {row['ours']}{reason}."
     parts = []
     for kind, words in (("ahead", "ahead"), ("within noise", "within the run-to-run spread (p50 to p90)"),
                         ("behind", "**behind**")):
@@ -240,10 +241,10 @@ def peer_section(rows: list[dict], cfg: PipelineConfig, skipped: dict[str, str] 
     lengths, threads = cfg.benchmark.sequence_lengths, cfg.benchmark.threads
     settings = settings or {}
     if "in_turn_block_runs" in settings:
-        how = (f"At every thread count the two are timed in one process, in turn by blocks of "
+        how = (f"At every length and thread count the peers and ours are timed in one process, in turn by blocks of "
                f"{settings['in_turn_block_runs']} runs ({cfg.benchmark.runs} runs each), each block after a "
-               f"{settings['in_turn_settle_s']} s pause and one untimed run: a drift in machine speed hits both alike, "
-               "and one runtime's threads, still spinning after its run, do not take the cores of the other. A cell "
+               f"{settings['in_turn_settle_s']} s pause and one untimed run: a drift in machine speed hits all alike, "
+               "and one runtime's threads, still spinning after its run, do not take the cores of another. A cell "
                "marked 'separate' comes from each artifact's own process instead.")
     else:  # a benchmark.json from before the timing by blocks
         how = ("With 1 thread the two are timed in one process, run for run in turn; the cells marked 'separate' "

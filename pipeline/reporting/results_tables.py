@@ -288,6 +288,8 @@ def peers_table(run: dict) -> str:
         for length, threads in cells:
             cell = (peer["latency"].get(f"seq{length}") or {}).get(f"threads{threads}")
             row.append("n/a" if not cell else f"{cell['ratio']:.2f}x ({cell['verdict']}, {cell['timing']})")
+        if not peer["latency"] and peer.get("untimed_reason"):
+            row = [f"not timed: {peer['untimed_reason']}"] + [""] * (len(cells) - 1)
         lines.append(f"| {peer['name']}: {peer['tool']} | {peer['size_mb']:.1f} ({peer['ours_size_mb']:.1f}) | "
                      + " | ".join(row) + " |")
     return "\n".join(lines)

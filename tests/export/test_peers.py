@@ -199,9 +199,10 @@ def test_export_peers_builds_the_named_peers_and_the_benchmark_times_them(tiny_f
     ours = {"name": "distilbert/onnx-int8-optimized", "format": "onnx", "max_positions": 128, "vocab_size": 200,
             "path": str(tiny_full_size / "full_size" / "distilbert" / "onnx" / "fp32" / "model.onnx"),
             "session_options": "denormals-as-zero"}
-    refused = []
+    refused, measured = [], []
     # Each format timed once (each measurement starts processes of its own): the torch and ORTQuantizer peers, NNCF's
-    # model at the runtime's default precision and our static graph on OpenVINO at f32.
+    # model at the runtime's default precision and our static graph on OpenVINO at f32; then all of them in turn
+    # with "ours" in one process.
     timed_here = ["distilbert/torch-dynamic-int8", "distilbert/onnx-ortquantizer-int8",
                   f"distilbert/{peers.OPENVINO_PEER}-default", f"distilbert/{peers.OPENVINO_OURS}-f32"]
     for item in [items[name] for name in timed_here]:  # OpenVINO's last
@@ -213,11 +214,17 @@ def test_export_peers_builds_the_named_peers_and_the_benchmark_times_them(tiny_f
             continue
         assert latency["seq32"]["threads1"]["p50"] > 0 and rss > 0
         assert item["format"] != "openvino" or item["runtime_precision"] in ("f32", "bf16", "f16")
-        in_turn = workers.in_worker({**item, "ours": ours}, cfg.benchmark, "interleaved-with-ours")
-        assert set(in_turn) == {"seq32"}  # 256 is beyond the models' 128 positions
-        assert set(in_turn["seq32"]) == {"threads1", "threads2"}  # every thread count, in turn in one process
-        for pair in in_turn["seq32"].values():
+        measured.append(item)
+    in_turn = workers.in_worker({"name": "peers", "peers": measured, "ours": ours}, cfg.benchmark,
+                                "peers-in-turn-with-ours")
+    assert set(in_turn) == {item["name"] for item in measured}
+    for comparison in in_turn.values():
+        assert set(comparison) == {"seq32"}  # 256 is beyond the models' 128 positions
+        assert set(comparison["seq32"]) == {"threads1", "threads2"}  # every thread count, in turn in one process
+        for pair in comparison["seq32"].values():
             assert set(pair) == {"peer", "ours"} and all(0 < cell["p50"] <= cell["p90"] for cell in pair.values())
+    first, *others = in_turn.values()
+    assert all(other["seq32"]["threads1"]["ours"] == first["seq32"]["threads1"]["ours"] for other in others)
     none_named = tiny_config(export={"full_size": {"architectures": ["distilbert"]}}, benchmark={"timed_full_size": []})
     assert benchmark.peer_artifacts(tmp_path / "no-root", none_named) == ([], {})
     if refused:

@@ -1,5 +1,5 @@
 """pipeline/measurement/workers.py: each timing in a fresh process, with that process's peak memory; the benchmark's
-entries timed in place, an OpenVINO one its CPU plugin refuses left untimed, each peer then in turn with our graph."""
+entries timed in place, an OpenVINO one its CPU plugin refuses left untimed, the peers then in turn with our graph."""
 
 import subprocess
 import sys
@@ -28,39 +28,63 @@ def test_each_artifact_is_timed_in_its_own_process_with_its_peak_memory(tiny_int
     assert torch_latency["seq32"]["threads2"]["p50"] > 0 and torch_rss > peak_rss_mib
 
 
-def test_entries_are_timed_in_place_and_each_peer_in_turn_with_our_graph(monkeypatch):
-    """A peer of a timed graph is timed once, in turn with it (its latency table comes from there), its own process
-    running once for its memory; a peer of an untimed graph is timed alone."""
+def test_entries_are_timed_in_place_and_the_peers_in_turn_with_our_graph(monkeypatch):
+    """The peers of a timed graph are timed once, together in turn with it (their latency tables come from there),
+    each one's own process running once for its memory; a peer of an untimed graph is timed alone; an OpenVINO
+    "-default" peer whose precision resolved to f32 is the "-f32" one's run and is not timed again."""
     started = []
 
     def measure(item, cfg):
         started.append(("latency", item["name"], cfg.runs, tuple(cfg.sequence_lengths), tuple(cfg.threads)))
         if item["name"] == "refused":
             raise RuntimeError("the CPU plugin refused it")
+        if item["format"] == "openvino":
+            item["runtime_precision"] = "f32"
         return {"seq32": {"threads1": {"p50": 1.0, "p90": 1.0}}}, 100.0
 
     def in_worker(item, cfg, task):
-        started.append((task, item["name"], item["ours"]["name"]))
-        return {"seq32": {"threads1": {"peer": {"p50": 3.0, "p90": 4.0}, "ours": {"p50": 2.0, "p90": 2.5}}}}
+        started.append((task, [peer["name"] for peer in item["peers"]], item["ours"]["name"]))
+        return {peer["name"]: {"seq32": {"threads1": {"peer": {"p50": 3.0 + n, "p90": 4.0 + n},
+                                                      "ours": {"p50": 2.0, "p90": 2.5}}}}
+                for n, peer in enumerate(item["peers"])}
 
     monkeypatch.setattr(workers, "measure", measure)
     monkeypatch.setattr(workers, "in_worker", in_worker)
     cfg = BenchmarkConfig(sequence_lengths=[32, 256], threads=[1], runs=20)
     items = [entry("ours"), entry("coreml", fmt="coreml", timed=False), entry("peer", peer_of="ours"),
-             entry("refused", fmt="openvino", peer_of="ours"), entry("peer-of-untimed", peer_of="coreml")]
+             entry("refused", fmt="openvino", peer_of="ours"), entry("peer-of-untimed", peer_of="coreml"),
+             entry("ov-f32", fmt="openvino", peer_of="ours", openvino_precision="f32"),
+             entry("ov-default", fmt="openvino", peer_of="ours", openvino_precision="default")]
     workers.time_artifacts(items, cfg)
-    ours, coreml, peer, refused, peer_of_untimed = items
+    ours, coreml, peer, refused, peer_of_untimed, ov_f32, ov_default = items
     assert started == [("latency", "ours", 20, (32, 256), (1,)), ("latency", "peer", 1, (256,), (1,)),
-                       ("interleaved-with-ours", "peer", "ours"), ("latency", "refused", 1, (256,), (1,)),
-                       ("latency", "peer-of-untimed", 20, (32, 256), (1,))]
+                       ("latency", "refused", 1, (256,), (1,)),
+                       ("latency", "peer-of-untimed", 20, (32, 256), (1,)),
+                       ("latency", "ov-f32", 1, (256,), (1,)), ("latency", "ov-default", 1, (256,), (1,)),
+                       ("peers-in-turn-with-ours", ["peer", "ov-f32"], "ours")]
     assert ours["peak_rss_mib"] == 100.0 and coreml["latency_ms"] is None and coreml["peak_rss_mib"] is None
     assert peer["latency_ms"] == {"seq32": {"threads1": {"p50": 3.0, "p90": 4.0}}, "seq256": None}
+    assert ov_f32["latency_ms"] == {"seq32": {"threads1": {"p50": 4.0, "p90": 5.0}}, "seq256": None}
+    assert peer["interleaved_with_ours"]["seq32"]["threads1"]["ours"] == {"p50": 2.0, "p90": 2.5}
     assert peer["peak_rss_mib"] == 100.0 and "in turn" in peer["latency_timing"]
     assert refused["timed"] is False and refused["latency_ms"] is None
     assert refused["untimed_reason"] == "OpenVINO did not run it on this machine (the CPU plugin refused it)"
+    assert ov_default["timed"] is False and ov_default["latency_ms"] is None and ov_default["peak_rss_mib"] == 100.0
+    assert ov_default["same_run_as"] == "ov-f32" and "resolved to f32" in ov_default["untimed_reason"]
     assert "interleaved_with_ours" not in peer_of_untimed and "latency_timing" not in peer_of_untimed
     with pytest.raises(RuntimeError, match="refused"):  # only OpenVINO's refusal is a reason to go on
         workers.time_artifacts([entry("refused")], BenchmarkConfig())
+
+
+def test_a_default_precision_that_is_not_f32_is_timed_as_its_own_run():
+    by_name = {"ov-f32": entry("ov-f32", fmt="openvino", openvino_precision="f32")}
+    bf16 = entry("ov-default", fmt="openvino", openvino_precision="default", runtime_precision="bf16")
+    f32 = entry("ov-default", fmt="openvino", openvino_precision="default", runtime_precision="f32")
+    assert workers.same_run_as(bf16, by_name) is None
+    assert workers.same_run_as(f32, by_name) == "ov-f32"
+    assert workers.same_run_as(f32, {"ov-f32": {**by_name["ov-f32"], "timed": False}}) is None  # nothing to repeat
+    assert workers.same_run_as(entry("onnx-default", openvino_precision="default", runtime_precision="f32"),
+                               by_name) is None
 
 
 def test_a_timing_process_starts_without_torch_or_the_export_libraries():
