@@ -80,7 +80,8 @@ def same_run_as(item: dict, by_name: dict[str, dict]) -> str | None:
 
 def time_artifacts(items: list[dict], cfg: BenchmarkConfig) -> None:
     """Time every benchmark entry in place, each in its own process: its "latency_ms" and "peak_rss_mib" (null for
-    one not timed). A peer ("peer_of" names our graph, timed before it) is timed once, in turn with our graph and the
+    one not timed), over item["runs"] timed runs where the entry says (the full-size ones), else cfg.runs. A peer
+    ("peer_of" names our graph, timed before it) is timed once, in turn with our graph and the
     other peers of that graph in one process at every length and thread count ("interleaved_with_ours", which is
     also its latency table): its own process then only measures its peak memory (memory_run). A peer whose graph of
     ours was not timed is timed alone. An OpenVINO entry its CPU plugin refuses is left untimed, saying why; so is a
@@ -96,7 +97,8 @@ def time_artifacts(items: list[dict], cfg: BenchmarkConfig) -> None:
         logger.info("timing %s%s", item["name"], " (its memory: its latency is timed in turn with ours)" if in_turn
                     else "")
         try:
-            item["latency_ms"], item["peak_rss_mib"] = measure(item, memory_run(cfg) if in_turn else cfg)
+            own_cfg = dataclasses.replace(cfg, runs=item["runs"]) if "runs" in item else cfg  # full-size: fewer
+            item["latency_ms"], item["peak_rss_mib"] = measure(item, memory_run(cfg) if in_turn else own_cfg)
         except RuntimeError as error:
             if item["format"] != "openvino":
                 raise

@@ -267,6 +267,8 @@ def peer_section(rows: list[dict], cfg: PipelineConfig, skipped: dict[str, str] 
                 separate = ", separate" if cell and cell["timing"] == "separate processes" else ""
                 cells.append("n/a" if cell is None else f"{cell['peer_p50']:.1f} / {cell['ours_p50']:.1f} = "
                                                         f"{cell['ratio']:.2f}x, {cell['verdict']}{separate}")
+        if not row["latency"] and row.get("untimed_reason"):
+            cells = [f"not timed: {row['untimed_reason']}"] + [""] * (len(cells) - 1)
         lines.append(f"| {row['name']} | {row['ours']} | {fmt(row['size_mb'], 1)} / {fmt(row['ours_size_mb'], 1)} | "
                      + " | ".join(cells) + " |")
     lines += [""] + [peer_verdict(row) for row in rows]
@@ -349,10 +351,11 @@ def report_markdown(cfg: PipelineConfig, summary_data: dict, benchmark: dict, go
         "",
         f"Machine: **{machine['cpu']}**, {machine['cores']} cores; SIMD flags: {', '.join(machine.get('cpu_flags', []))}.",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in machine["versions"].items()) + ".",
-        f"Latency: batch 1, every token attended, p50 / p90 over {cfg.benchmark.runs} timed runs after "
+        f"Latency: batch 1, every token attended, p50 / p90 over {cfg.benchmark.runs} timed runs (a full-size "
+        f"architecture's own rows: {cfg.benchmark.full_size_runs}) after "
         f"{cfg.benchmark.warmup} warm-up runs, threads pinned in onnxruntime and torch; one process per artifact (its "
-        "peak resident memory is the last column, in MiB = 2^20 bytes); a peer is timed once, in turn with our graph "
-        "(its rows are those blocks), its own process running once at the longest length for its memory. Sizes in MB = 10^6 bytes. 'n/a': the model "
+        "peak resident memory is the last column, in MiB = 2^20 bytes); the peers are timed once, in turn with our graph "
+        "(their rows are those blocks), its own process running once at the longest length for its memory. Sizes in MB = 10^6 bytes. 'n/a': the model "
         "has fewer positions than the length, or it cannot be timed here (CoreML runs only on macOS; some full-size "
         "artifacts are sized only, see benchmark.timed_full_size).",
         *javascript_note(summary_data, cfg),

@@ -9,6 +9,7 @@ architectures (export_full_size), their searched int8 graphs (int8_search, expor
   answerer, PyTorch from training, CoreML from its PyTorch-side proxy); null for the random-weight full-size
   architectures.
 - latency: batch 1, every configured length and thread count, p50 and p90 over `runs` timed runs after `warmup`
+  (`full_size_runs` for a full-size architecture's own rows)
   (pipeline.measurement.latency, the pipeline's one timer); onnxruntime sessions and torch pinned to the thread
   count, one process per artifact whose peak resident memory is recorded (pipeline.measurement.workers). CoreML
   cannot run on Linux: its latency is null, with the reason.
@@ -171,8 +172,9 @@ def run(cfg: PipelineConfig, root: Path, out_dir: Path) -> dict:
     bcfg, architectures = cfg.benchmark, cfg.export.full_size.architectures
     with_search = "distilbert" in architectures  # the int8 search, the GEMM floor and the profiles are DistilBERT's
     int8_search = read_json(root / "int8_search" / "int8_search.json") if with_search else None
-    items = trained_artifacts(root, cfg) + full_size_artifacts(root, architectures, bcfg.timed_full_size)
-    items += optimized_int8_artifacts(root, cfg, int8_search) if with_search else []
+    full_size = full_size_artifacts(root, architectures, bcfg.timed_full_size)
+    full_size += optimized_int8_artifacts(root, cfg, int8_search) if with_search else []
+    items = trained_artifacts(root, cfg) + [{**item, "runs": bcfg.full_size_runs} for item in full_size]
     peer_items, peers_skipped = peer_artifacts(root, cfg, int8_search)
     items += peer_items
     time_artifacts(items, bcfg)  # each in a process of its own; then each peer in turn with our graph
@@ -180,6 +182,7 @@ def run(cfg: PipelineConfig, root: Path, out_dir: Path) -> dict:
     metrics = {
         "machine": machine_description(),
         "settings": {"sequence_lengths": bcfg.sequence_lengths, "threads": bcfg.threads, "runs": bcfg.runs,
+                     "full_size_runs": bcfg.full_size_runs,
                      "warmup": bcfg.warmup, "batch_size": 1, "in_turn_block_runs": BLOCK_RUNS,
                      "in_turn_settle_s": SETTLE_S},
         "artifacts": items, "int8_search": int8_search, "peers_skipped": peers_skipped, "gemm_floor": gemm_floor,

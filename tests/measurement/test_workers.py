@@ -76,6 +76,20 @@ def test_entries_are_timed_in_place_and_the_peers_in_turn_with_our_graph(monkeyp
         workers.time_artifacts([entry("refused")], BenchmarkConfig())
 
 
+def test_an_entry_that_names_its_runs_is_timed_with_them(monkeypatch):
+    """The full-size architectures' own rows carry benchmark.full_size_runs; every other entry takes cfg.runs."""
+    runs = {}
+
+    def measure(item, cfg):
+        runs[item["name"]] = cfg.runs
+        return {"seq32": {"threads1": {"p50": 1.0, "p90": 1.0}}}, 100.0
+
+    monkeypatch.setattr(workers, "measure", measure)
+    workers.time_artifacts([entry("student/onnx-int8"), entry("bert-base/pytorch-fp32", runs=10)],
+                           BenchmarkConfig(runs=20))
+    assert runs == {"student/onnx-int8": 20, "bert-base/pytorch-fp32": 10}
+
+
 def test_a_default_precision_that_is_not_f32_is_timed_as_its_own_run():
     by_name = {"ov-f32": entry("ov-f32", fmt="openvino", openvino_precision="f32")}
     bf16 = entry("ov-default", fmt="openvino", openvino_precision="default", runtime_precision="bf16")
