@@ -198,6 +198,14 @@ def test_the_documented_offline_deploy_runs_as_written(documented_offline_deploy
     summary = json.loads((root / "report" / "summary.json").read_text())
     assert set(summary["models"]) == {"deployed"} and summary["models"]["deployed"]["f1"] == deployed["f1"]
     ort_item = "deployed/ort-int8" if quantized["bundle_choice"] else "deployed/ort-fp32"
+    # a BERT: its NPU graphs are built and checked on the QNN HTP emulation (or say why not); the Neural Engine
+    # layout is DistilBERT's, so its package is not built, saying why
+    assert any(item["name"].startswith("deployed/npu-int8-static") for item in summary["artifacts"])
+    emulator = summary["npu"]["deployed"]["emulator"]
+    assert emulator["ran"] is True or emulator["reason"]
+    assert "deployed/coreml-ane" not in {item["name"] for item in summary["artifacts"]}
+    coreml = json.loads((root / "coreml" / "deployed" / "coreml.json").read_text())
+    assert "DistilBERT" in coreml["not_built"]["ane"]
     assert summary["full_size"] == [] and ort_item in {item["name"] for item in summary["artifacts"]}
     assert [item["what"] for item in summary["skipped_timings"]] == ["Chromium timings (onnxruntime-web in a page)"]
     assert {"onnx-node", "onnx-web"} <= {item["format"] for item in summary["artifacts"]}  # Node's timings ran

@@ -45,10 +45,11 @@ def test_every_stage_wrote_its_outputs_and_metrics(dag_outputs):
     for rule in ("prepare_data", "tokenizer", "teacher_pretrain", "teacher_finetune", "distill_squad"):
         assert (dag_outputs / "logs" / f"{rule}.log").is_file()
         assert (dag_outputs / "benchmarks" / f"{rule}.tsv").is_file()
-    for model in ("student", "teacher"):  # export.models in configs/test.yaml
-        for kind, report in (("onnx", "export.json"), ("quantized", "quantize.json"), ("coreml", "coreml.json")):
-            assert (dag_outputs / kind / model / report).is_file(), f"{kind}/{model}/{report}"
+    for kind, report in (("onnx", "export.json"), ("quantized", "quantize.json"), ("coreml", "coreml.json")):
+        assert (dag_outputs / kind / "student" / report).is_file(), f"{kind}/student/{report}"
     assert list(dag_outputs.glob("*/student_ce_only")) == []  # left out: no export, gate or timing of it
+    for kind in ("onnx", "quantized", "coreml", "npu"):  # the teacher is trained, not exported (export.models)
+        assert not (dag_outputs / kind / "teacher").exists(), kind
     assert (dag_outputs / "bundle" / "manifest.json").is_file()
     # off in configs/test.yaml, and with them the builds around the full-size search
     for folder in ("full_size", "int8_search", "full_size_int8", "peers", "gemm_floor"):
@@ -130,12 +131,10 @@ def test_the_bundle_answers_dev_questions_like_the_pytorch_student_without_torch
 
 
 def test_every_int8_tuning_step_read_tuning_questions_only_and_every_stage_scored_the_gated_ones(dag_outputs):
-    for model in ("student", "teacher"):  # export.models in configs/test.yaml; the bundle is the student's
-        quantized = assert_tuning_steps_read_no_gated_question(
-            dag_outputs / "quantized" / model, dag_outputs / "onnx" / model,
-            dag_outputs / "bundle" if model == "student" else None)
-        # the test config's int8 search: no static recipe (nothing calibrated for one), the x86 target calibrated
-        assert "openvino_calibration" in quantized["reads"] and "static_calibration" not in quantized["reads"], model
+    quantized = assert_tuning_steps_read_no_gated_question(
+        dag_outputs / "quantized" / "student", dag_outputs / "onnx" / "student", dag_outputs / "bundle")
+    # the test config's int8 search: no static recipe (nothing calibrated for one), the x86 target calibrated
+    assert "openvino_calibration" in quantized["reads"] and "static_calibration" not in quantized["reads"]
 
 
 def test_the_report_summary_follows_its_schema_and_every_timed_artifact_has_numbers(dag_outputs):
@@ -145,14 +144,12 @@ def test_the_report_summary_follows_its_schema_and_every_timed_artifact_has_numb
     jsonschema.validate(summary, json.loads((PROJECT_ROOT / "configs" / "summary.schema.json").read_text()))
     assert summary["target_size_mb"] == 207 and summary["machine"]["cpu"]
     names = {a["name"] for a in summary["artifacts"]}
-    assert {"student/pytorch-fp32", "student/onnx-int8", "student/ort-int8", "teacher/coreml-4bit",
-            "student/coreml-ane", "student/npu-int8-static", "teacher/npu-int8-static"} <= names
-    assert "teacher/coreml-ane" not in names  # a BERT: the Neural Engine layout is DistilBERT's
-    for model in ("student", "teacher"):  # the NPU graphs' check on the QNN HTP emulation, or why it did not run
-        emulator = summary["npu"][model]["emulator"]
-        assert emulator["ran"] is True or emulator["reason"], model
-        if emulator["ran"]:
-            assert emulator["n_questions"] == 8 and 0 <= emulator["agreement_with_cpu"]["value"] <= 1
+    assert {"student/pytorch-fp32", "student/onnx-int8", "student/ort-int8", "student/coreml-4bit",
+            "student/coreml-ane", "student/npu-int8-static"} <= names
+    emulator = summary["npu"]["student"]["emulator"]  # the NPU graphs' check on the QNN HTP emulation, or why not
+    assert emulator["ran"] is True or emulator["reason"]
+    if emulator["ran"]:
+        assert emulator["n_questions"] == 8 and 0 <= emulator["agreement_with_cpu"]["value"] <= 1
     for artifact in summary["artifacts"]:
         if artifact["format"] == "coreml":
             assert artifact["latency_ms"] is None and "macOS" in artifact["untimed_reason"]
@@ -169,7 +166,7 @@ def test_the_report_summary_follows_its_schema_and_every_timed_artifact_has_numb
     report_text = (dag_outputs / "report" / "report.md").read_text()
     assert "## Goals" in report_text and "## Android NPU graphs" in report_text
     assert "| student_ce_only |" in report_text  # trained and scored, though export.models leaves it out
-    assert "Not exported (export.models): student_ce_only; trained and scored above only." in report_text
+    assert "Not exported (export.models): student_ce_only, teacher; trained and scored above only." in report_text
 
 
 def test_snakemake_builds_its_html_report(dag_run, tmp_path):
