@@ -89,9 +89,17 @@ PEERS_BUILT = {architecture: [peer for peer in BUILT_PEERS
                               if f"{architecture}/{peer}" in CFG.benchmark.timed_full_size]
                for architecture in FULL_SIZE}
 PEERS_BUILT = {architecture: names for architecture, names in PEERS_BUILT.items() if names}
-# Priorities: the chain to distill_squad is the critical path, then the CE-only baseline, then the full-size exports
-# (which need nothing from training); the export rules keep Snakemake's default 0 and fill idle cores.
+# Priorities: the chain to distill_squad is the critical path, then the CE-only baseline and the bundled model's
+# exports (export_priority), then the full-size exports (which need nothing from training); the other export rules
+# fill idle cores.
 CRITICAL, BASELINE, FULL_SIZE_FIRST, FILLER = 3, 2, 1, 0
+
+
+def export_priority(wildcards):
+    """An export rule's priority: the bundled model's exports are ready last (its training ends the critical path) and
+    needed first (the bundle, and int8_search reads every model's quantize_onnx), so they take the next free core;
+    the other models' fill idle cores."""
+    return BASELINE if wildcards.model == BUNDLED_MODEL else FILLER
 
 
 def training_threads(train_cfg, default):

@@ -39,6 +39,7 @@ rule export_onnx:
         log_file("export_onnx_{model}"),
     benchmark:
         benchmark_file("export_onnx_{model}")
+    priority: export_priority
     threads: 1
     resources:
         **EXPORT_RESOURCES,
@@ -67,6 +68,7 @@ rule quantize_onnx:
         log_file("quantize_onnx_{model}"),
     benchmark:
         benchmark_file("quantize_onnx_{model}")
+    priority: export_priority
     threads: 1
     resources:
         **EXPORT_RESOURCES,
@@ -90,6 +92,7 @@ rule export_coreml:
         log_file("export_coreml_{model}"),
     benchmark:
         benchmark_file("export_coreml_{model}")
+    priority: export_priority
     threads: 1
     resources:
         **EXPORT_RESOURCES,
@@ -115,6 +118,7 @@ rule export_npu:
         log_file("export_npu_{model}"),
     benchmark:
         benchmark_file("export_npu_{model}")
+    priority: export_priority
     threads: 1
     resources:
         **EXPORT_RESOURCES,

@@ -178,3 +178,37 @@ def test_a_pretrained_student_skips_pretraining_distillation(tmp_path):
     squad_stages = [words for words in shell_commands(completed.stdout) if "distill-squad" in words]
     assert len(squad_stages) == 2
     assert all(words[words.index("--student-dir") + 1] == str(student) for words in squad_stages)
+
+
+def planned_priorities(output: str) -> dict[str, int]:
+    """Each planned job of a dry run ("rule" or "rule[wildcards]") -> its priority (Snakemake's default 0)."""
+    priorities, job = {}, None
+    for line in output.splitlines():
+        if line.startswith(("rule ", "localrule ")):
+            job = line.split()[1].rstrip(":")
+            priorities[job] = 0
+        elif job and line.strip().startswith("wildcards:"):
+            priorities[f"{job}[{line.split(':', 1)[1].strip()}]"] = priorities.pop(job)
+            job = f"{job}[{line.split(':', 1)[1].strip()}]"
+        elif job and line.strip().startswith("priority:"):
+            priorities[job] = int(line.split(":")[1])
+        elif not line.strip():
+            job = None
+    return priorities
+
+
+def test_the_default_plan_runs_the_critical_path_first_and_the_bundled_models_exports_next(tmp_path):
+    """At --cores 2 the training chain to distill_squad goes first; the full-size exports wait for prepare_data (an
+    ordering input: started at once, they would hold the core the 2-thread tokenizer and pretraining need); the
+    bundled student's exports, ready last, take the next free core before the full-size and the other exports."""
+    completed = dry_run(tmp_path, [PROJECT_ROOT / "configs" / "default.yaml"], print_shell_commands=True)
+    priorities = planned_priorities(completed.stdout)
+    for job in ("prepare_data", "tokenizer", "tokenize_corpus", "teacher_pretrain", "distill_squad"):
+        assert priorities[job] >= 3, job
+    for kind in ("export_onnx", "quantize_onnx", "export_coreml", "export_npu"):
+        assert priorities[f"{kind}[model=student]"] == 2, kind
+        assert priorities[f"{kind}[model=teacher]"] == priorities[f"{kind}[model=student_ce_only]"] == 0, kind
+    assert priorities["export_full_size[architecture=distilbert]"] == 1
+    full_size_block = completed.stdout[completed.stdout.index("rule export_full_size:"):].split("\n\n")[0]
+    inputs = next(line for line in full_size_block.splitlines() if line.strip().startswith("input:"))
+    assert "artifacts/data" in inputs.split(":", 1)[1].strip().split(", ")  # the data folder: an ordering input
