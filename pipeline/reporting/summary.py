@@ -77,9 +77,7 @@ def summary(cfg: PipelineConfig, root: Path, benchmark: dict) -> dict:
             TARGET_SIZE_MB, (by_name.get(f"{bundled_model(cfg)}/ort-int8") or {}).get("size_mb")),
     }
     # The x86 target's recipe at full size (NNCF's int8 on OpenVINO), at each precision: held to the speed goals.
-    # (a "-default" entry that is the "-f32" one's run on this CPU is left out: its goals are the f32 one's)
-    openvino = [item["name"] for item in items
-                if item["name"].startswith(f"distilbert/{OPENVINO_PEER}-") and not item.get("same_run_as")]
+    openvino = x86_target_entries(benchmark)
     for name in openvino:
         ratios[f"{name.replace('/', '_').replace('-', '_')}_vs_bert_base_pytorch_fp32_speedup_seq{longest}_threads1"] = \
             ratio(p50(by_name.get("bert-base/pytorch-fp32"), longest, 1), p50(by_name.get(name), longest, 1))
@@ -168,6 +166,14 @@ def gate_verdicts(root: Path, cfg: PipelineConfig) -> list[dict]:
                          "shipped": model == shipped_model and (bundle.get("npu") or {}).get("shipped") is True,
                          "n_questions": npu["n_questions"]})
     return rows
+
+
+def x86_target_entries(benchmark: dict) -> list[str]:
+    """The x86 target's recipe at full size (NNCF's int8 on OpenVINO) at each precision, the entries held to the speed
+    goals; a "-default" one that is the "-f32" one's run on this CPU (same_run_as) is left out: its goals are the
+    f32 one's."""
+    return [item["name"] for item in benchmark["artifacts"]
+            if item["name"].startswith(f"distilbert/{OPENVINO_PEER}-") and not item.get("same_run_as")]
 
 
 def verdict(peer: dict, ours: dict) -> str:

@@ -286,6 +286,18 @@ def test_the_report_says_where_ours_is_ahead_of_each_peer_beyond_the_noise_and_w
               "size_mb": 66.5, "interleaved_with_ours": slower_in_turn, "latency_ms": slower_latency}
     mixed = {"name": "distilbert/torch-dynamic-int8", "tool": "torch.ao", "peer_of": ours["name"], "size_mb": 132.0,
              "interleaved_with_ours": mixed_in_turn, "latency_ms": {**mixed_latency, "seq128": {"threads2": None}}}
+    same_run = {"name": "distilbert/openvino-nncf-int8-default", "tool": "OpenVINO", "peer_of": ours["name"],
+                "size_mb": 67.0, "latency_ms": None, "same_run_as": "distilbert/openvino-nncf-int8-f32",
+                "untimed_reason": "OpenVINO's default precision resolved to f32 on this CPU: the same run as "
+                                  "distilbert/openvino-nncf-int8-f32"}
+    nncf_f32 = {**same_run, "name": "distilbert/openvino-nncf-int8-f32", "same_run_as": None, "untimed_reason": None,
+                "interleaved_with_ours": slower_in_turn, "latency_ms": slower_latency}
+    benchmark_json = {"artifacts": [ours, slower, mixed, nncf_f32, same_run]}
+    assert summary.x86_target_entries(benchmark_json) == [nncf_f32["name"]]  # the default's goals are the f32 one's
+    same_run_row = summary.peer_comparison(benchmark_json, cfg)[-1]
+    assert same_run_row["latency"] == {} and "the same run as" in same_run_row["untimed_reason"]
+    assert "(OpenVINO's default precision resolved to f32" in markdown.peer_verdict(same_run_row)
+    assert "not timed: OpenVINO's default" in "\n".join(markdown.peer_section([same_run_row], cfg))
     rows = summary.peer_comparison({"artifacts": [ours, slower, mixed]}, cfg)
     assert [row["name"] for row in rows] == [slower["name"], mixed["name"]]
     assert rows[0]["latency"]["seq384"]["threads1"] == {"peer_p50": 125.0, "peer_p90": 137.5, "ours_p50": 100.0,
