@@ -355,7 +355,7 @@ def report_markdown(cfg: PipelineConfig, summary_data: dict, benchmark: dict, go
         f"architecture's own rows: {cfg.benchmark.full_size_runs}) after "
         f"{cfg.benchmark.warmup} warm-up runs, threads pinned in onnxruntime and torch; one process per artifact (its "
         "peak resident memory is the last column, in MiB = 2^20 bytes); the peers are timed once, in turn with our graph "
-        "(their rows are those blocks), its own process running once at the longest length for its memory. Sizes in MB = 10^6 bytes. 'n/a': the model "
+        "(their rows are those blocks), each one's own process running once at the longest length for its memory. Sizes in MB = 10^6 bytes. 'n/a': the model "
         "has fewer positions than the length, or it cannot be timed here (CoreML runs only on macOS; some full-size "
         "artifacts are sized only, see benchmark.timed_full_size).",
         *javascript_note(summary_data, cfg),
