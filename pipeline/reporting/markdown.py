@@ -357,7 +357,8 @@ def report_markdown(cfg: PipelineConfig, summary_data: dict, benchmark: dict, go
         "peak resident memory is the last column, in MiB = 2^20 bytes); the peers are timed once, in turn with our graph "
         "(their rows are those blocks), each one's own process running once at the longest length for its memory. Sizes in MB = 10^6 bytes. 'n/a': the model "
         "has fewer positions than the length, or it cannot be timed here (CoreML runs only on macOS; some full-size "
-        "artifacts are sized only, see benchmark.timed_full_size).",
+        "artifacts are sized only, see benchmark.timed_full_size; an OpenVINO '-default' peer is not timed where it is "
+        "its '-f32' run on this CPU, see the peers' section).",
         *javascript_note(summary_data, cfg),
         *skipped_note(summary_data["skipped_timings"]),
         "",
