@@ -83,7 +83,8 @@ def time_artifacts(items: list[dict], cfg: BenchmarkConfig) -> None:
     one not timed), over item["runs"] timed runs where the entry says (the full-size ones), else cfg.runs. A peer
     ("peer_of" names our graph, timed before it) is timed once, in turn with our graph and the
     other peers of that graph in one process at every length and thread count ("interleaved_with_ours", which is
-    also its latency table): its own process then only measures its peak memory (memory_run). A peer whose graph of
+    also its latency table), over our graph's runs (its "runs"): its own process then only measures its peak memory
+    (memory_run). A peer whose graph of
     ours was not timed is timed alone. An OpenVINO entry its CPU plugin refuses is left untimed, saying why; so is a
     "-default" one that repeats its "-f32" sibling on this CPU (same_run_as)."""
     by_name = {item["name"]: item for item in items}
@@ -118,9 +119,12 @@ def time_artifacts(items: list[dict], cfg: BenchmarkConfig) -> None:
             in_turn_with.setdefault(ours["name"], []).append(item)
     for ours_name, peers in in_turn_with.items():
         logger.info("timing %s in turn with %s", ", ".join(peer["name"] for peer in peers), ours_name)
-        comparison = in_worker({"name": f"the peers of {ours_name}", "ours": by_name[ours_name], "peers": peers}, cfg,
-                               "peers-in-turn-with-ours")
+        # as many timed runs as our graph's own row (a full-size one: full_size_runs), in blocks as ever
+        runs = by_name[ours_name].get("runs", cfg.runs)
+        comparison = in_worker({"name": f"the peers of {ours_name}", "ours": by_name[ours_name], "peers": peers},
+                               dataclasses.replace(cfg, runs=runs), "peers-in-turn-with-ours")
         for peer in peers:
+            peer["runs"] = runs
             peer["interleaved_with_ours"] = comparison[peer["name"]]
             peer["latency_ms"] = in_turn_latency(peer["interleaved_with_ours"], cfg)
             peer["latency_timing"] = "in turn with our graph and its other peers; peak memory from one run of its own"

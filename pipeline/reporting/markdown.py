@@ -352,7 +352,7 @@ def report_markdown(cfg: PipelineConfig, summary_data: dict, benchmark: dict, go
         f"Machine: **{machine['cpu']}**, {machine['cores']} cores; SIMD flags: {', '.join(machine.get('cpu_flags', []))}.",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in machine["versions"].items()) + ".",
         f"Latency: batch 1, every token attended, p50 / p90 over {cfg.benchmark.runs} timed runs (a full-size "
-        f"architecture's own rows: {cfg.benchmark.full_size_runs}) after "
+        f"architecture's rows and its peers': {cfg.benchmark.full_size_runs}) after "
         f"{cfg.benchmark.warmup} warm-up runs, threads pinned in onnxruntime and torch; one process per artifact (its "
         "peak resident memory is the last column, in MiB = 2^20 bytes); the peers are timed once, in turn with our graph "
         "(their rows are those blocks), each one's own process running once at the longest length for its memory. Sizes in MB = 10^6 bytes. 'n/a': the model "

@@ -30,7 +30,8 @@ def test_each_artifact_is_timed_in_its_own_process_with_its_peak_memory(tiny_int
 
 def test_entries_are_timed_in_place_and_the_peers_in_turn_with_our_graph(monkeypatch):
     """The peers of a timed graph are timed once, together in turn with it (their latency tables come from there),
-    each one's own process running once for its memory; a peer of an untimed graph is timed alone; an OpenVINO
+    each one's own process running once for its memory, over our graph's runs; a peer of an untimed graph is timed
+    alone; an OpenVINO
     "-default" peer whose precision resolved to f32 is the "-f32" one's run and is not timed again."""
     started = []
 
@@ -43,7 +44,7 @@ def test_entries_are_timed_in_place_and_the_peers_in_turn_with_our_graph(monkeyp
         return {"seq32": {"threads1": {"p50": 1.0, "p90": 1.0}}}, 100.0
 
     def in_worker(item, cfg, task):
-        started.append((task, [peer["name"] for peer in item["peers"]], item["ours"]["name"]))
+        started.append((task, [peer["name"] for peer in item["peers"]], item["ours"]["name"], cfg.runs))
         return {peer["name"]: {"seq32": {"threads1": {"peer": {"p50": 3.0 + n, "p90": 4.0 + n},
                                                       "ours": {"p50": 2.0, "p90": 2.5}}}}
                 for n, peer in enumerate(item["peers"])}
@@ -51,22 +52,22 @@ def test_entries_are_timed_in_place_and_the_peers_in_turn_with_our_graph(monkeyp
     monkeypatch.setattr(workers, "measure", measure)
     monkeypatch.setattr(workers, "in_worker", in_worker)
     cfg = BenchmarkConfig(sequence_lengths=[32, 256], threads=[1], runs=20)
-    items = [entry("ours"), entry("coreml", fmt="coreml", timed=False), entry("peer", peer_of="ours"),
+    items = [entry("ours", runs=10), entry("coreml", fmt="coreml", timed=False), entry("peer", peer_of="ours"),
              entry("refused", fmt="openvino", peer_of="ours"), entry("peer-of-untimed", peer_of="coreml"),
              entry("ov-f32", fmt="openvino", peer_of="ours", openvino_precision="f32"),
              entry("ov-default", fmt="openvino", peer_of="ours", openvino_precision="default")]
     workers.time_artifacts(items, cfg)
     ours, coreml, peer, refused, peer_of_untimed, ov_f32, ov_default = items
-    assert started == [("latency", "ours", 20, (32, 256), (1,)), ("latency", "peer", 1, (256,), (1,)),
+    assert started == [("latency", "ours", 10, (32, 256), (1,)), ("latency", "peer", 1, (256,), (1,)),
                        ("latency", "refused", 1, (256,), (1,)),
                        ("latency", "peer-of-untimed", 20, (32, 256), (1,)),
                        ("latency", "ov-f32", 1, (256,), (1,)), ("latency", "ov-default", 1, (256,), (1,)),
-                       ("peers-in-turn-with-ours", ["peer", "ov-f32"], "ours")]
+                       ("peers-in-turn-with-ours", ["peer", "ov-f32"], "ours", 10)]  # our graph's runs
     assert ours["peak_rss_mib"] == 100.0 and coreml["latency_ms"] is None and coreml["peak_rss_mib"] is None
     assert peer["latency_ms"] == {"seq32": {"threads1": {"p50": 3.0, "p90": 4.0}}, "seq256": None}
     assert ov_f32["latency_ms"] == {"seq32": {"threads1": {"p50": 4.0, "p90": 5.0}}, "seq256": None}
     assert peer["interleaved_with_ours"]["seq32"]["threads1"]["ours"] == {"p50": 2.0, "p90": 2.5}
-    assert peer["peak_rss_mib"] == 100.0 and "in turn" in peer["latency_timing"]
+    assert peer["peak_rss_mib"] == 100.0 and "in turn" in peer["latency_timing"] and peer["runs"] == 10
     assert refused["timed"] is False and refused["latency_ms"] is None
     assert refused["untimed_reason"] == "OpenVINO did not run it on this machine (the CPU plugin refused it)"
     assert ov_default["timed"] is False and ov_default["latency_ms"] is None and ov_default["peak_rss_mib"] == 100.0

@@ -612,8 +612,8 @@ class BenchmarkConfig:
     runs: int = option(20, "Timed runs per artifact, length and thread count, after warm-up.", minimum=1)
     full_size_runs: int = option(
         10, "Timed runs per length and thread count of a full-size artifact in its own process (a run of BERT-base "
-        "takes over a second on the slowest CPUs; ten give its median within a few percent); the peers' comparison "
-        "with our graph keeps `runs`.", minimum=1)
+        "takes over a second on the slowest CPUs; ten give its median within a few percent), and of the peers' "
+        "comparison with our full-size graph, in turn by blocks.", minimum=1)
     warmup: int = option(1, "Untimed runs first (allocations, kernel selection).", minimum=0)
     profile_runs: int = option(5, "Runs under onnxruntime's profiler for the per-op breakdown of the int8 graphs.",
                                minimum=1)
