@@ -74,12 +74,17 @@ def tiny_int8(tmp_path_factory) -> Path:
 
 
 # The end-to-end builds: each is made once per run by the worker that runs its tests (below), and read only. The
-# last is benchmarks/gpu_check.sh's dry run (tests/benchmarks/test_gpu_check.py).
+# fourth is benchmarks/gpu_check.sh's dry run (tests/benchmarks/test_gpu_check.py).
 # exported_student: the tiny student through five stages (export_onnx, quantize_onnx, export_coreml, export_npu,
 # bundle; tests/stage_fixtures.py), an end-to-end build of the export chain that took a minute of the edit-test loop
 # before its first test; the export modules' own tests (tests/export/test_npu_graph.py, test_neural_engine.py,
 # test_coreml_package_weights.py, ...) build what they check from the tiny models directly and stay in the loop.
-END_TO_END_BUILDS = ("dag_run", "documented_offline_deploy", "distributed_runs", "gpu_check_dry_run", "exported_student")
+# deployed_family: an ELECTRA and a MobileBERT model each fine-tuned, then through six deploy stages
+# (tests/test_deploy_family.py), about half a minute of the loop; the export modules' tests check each step.
+# built_peers: stage export_peers on a stand-in (torch, ORTQuantizer and NNCF builds), which the benchmark's peer
+# timing then runs in worker processes (tests/export/test_peers.py); the peers' report and summary rows stay in the loop.
+END_TO_END_BUILDS = ("dag_run", "documented_offline_deploy", "distributed_runs", "gpu_check_dry_run", "exported_student",
+                     "deployed_family", "built_peers")
 
 
 # pytest-xdist's options that pyproject.toml's addopts give (the tests on every core).

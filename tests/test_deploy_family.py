@@ -30,7 +30,7 @@ NAMES = {"electra": ("ELECTRA", "ElectraForQuestionAnswering"),
 
 
 @pytest.fixture(scope="module", params=["electra", "mobilebert"])
-def deployed(request, tmp_path_factory) -> dict:
+def deployed_family(request, tmp_path_factory) -> dict:
     """A tiny fine-tuned QA model of the type through the deploy stages: prepare_data, deploy_model, export_onnx,
     quantize_onnx, export_coreml and bundle (configs/test.yaml, whose compressed-variant gates are relaxed)."""
     if not SHARED_SQUAD_SAMPLE.is_file():
@@ -62,88 +62,88 @@ def dev_examples(data_dir):
     return [{"id": r["id"], "question": r["question"], "context": r["context"]} for r in records]
 
 
-def test_the_model_is_taken_and_its_card_names_its_type(deployed):
-    name, architecture = NAMES[deployed["model_type"]]
-    check_local_model(str(deployed["source"]), deployed["cfg"])  # the planning check takes the folder
-    metrics = deployed["metrics"]["deploy_model"]
-    assert metrics["model_type"] == deployed["model_type"] and metrics["architecture"] == architecture
+def test_the_model_is_taken_and_its_card_names_its_type(deployed_family):
+    name, architecture = NAMES[deployed_family["model_type"]]
+    check_local_model(str(deployed_family["source"]), deployed_family["cfg"])  # the planning check takes the folder
+    metrics = deployed_family["metrics"]["deploy_model"]
+    assert metrics["model_type"] == deployed_family["model_type"] and metrics["architecture"] == architecture
     assert metrics["n_examples"] == N_QUESTIONS and metrics["f1"] > 0  # fine-tuned: some answers overlap the gold
-    card = ModelCard.load(deployed["deployed_model"] / "README.md")
-    assert f"{name} question-answering model ({architecture}) from {deployed['source']}" in card.text
-    assert deployed["model_type"] in card.data.tags and card.data.license is None
-    bundle_card = (deployed["bundle"] / "README.md").read_text()
-    assert f"- exported from: {deployed['deployed_model']} ({name})" in bundle_card
+    card = ModelCard.load(deployed_family["deployed_model"] / "README.md")
+    assert f"{name} question-answering model ({architecture}) from {deployed_family['source']}" in card.text
+    assert deployed_family["model_type"] in card.data.tags and card.data.license is None
+    bundle_card = (deployed_family["bundle"] / "README.md").read_text()
+    assert f"- exported from: {deployed_family['deployed_model']} ({name})" in bundle_card
 
 
-def test_the_onnx_graphs_take_token_types_match_pytorch_and_have_the_types_fusions(deployed):
-    export = deployed["metrics"]["export_onnx"]
+def test_the_onnx_graphs_take_token_types_match_pytorch_and_have_the_types_fusions(deployed_family):
+    export = deployed_family["metrics"]["export_onnx"]
     assert export["inputs"] == ["input_ids", "attention_mask", "token_type_ids"]
     assert export["rejected"] == [] and max(export["parity"].values()) <= 1e-4
     for variant in ("fp32", "optimized"):  # the torch-free answerer gives PyTorch's answers
         assert export[variant]["answer_agreement_with_pytorch"] >= 0.98, variant
     fused = export["optimized"]["fused_ops"]
-    if deployed["model_type"] == "electra":  # BERT's fusions: one Attention a layer, a skip-LayerNorm a sublayer
+    if deployed_family["model_type"] == "electra":  # BERT's fusions: one Attention a layer, a skip-LayerNorm a sublayer
         assert (fused["Attention"], fused["SkipLayerNormalization"], fused["EmbedLayerNormalization"]) == (2, 4, 1)
     else:  # MobileBERT with NoNorm, as released: nothing matches (pipeline/plan/model_types.py says why)
         assert fused["Attention"] + fused["MultiHeadAttention"] + fused["SkipLayerNormalization"] == 0
-    name, _ = NAMES[deployed["model_type"]]
+    name, _ = NAMES[deployed_family["model_type"]]
     attention = fused["Attention"] + 1  # one the optimizer was not expected to find
     with pytest.raises(GateError, match=rf"Attention/MultiHeadAttention {attention}, expected .* per layer in {name}"):
-        onnx_graph.check_fusions({**fused, "Attention": attention}, deployed["model_type"], 2, "here")
+        onnx_graph.check_fusions({**fused, "Attention": attention}, deployed_family["model_type"], 2, "here")
 
 
-def test_token_types_change_the_logits_so_the_parity_gates_see_an_answerer_that_drops_them(deployed):
+def test_token_types_change_the_logits_so_the_parity_gates_see_an_answerer_that_drops_them(deployed_family):
     """Segment embeddings are part of these models: a window fed all-zero token types (an answerer that left the
     input out) gives logits beyond the parity tolerance, so the gates above would have caught it."""
     answerer = answering.QuestionAnswerer.with_squad_settings(
-        deployed["onnx"] / "fp32" / "model.onnx", deployed["onnx"] / "fp32" / "tokenizer.json",
-        deployed["cfg"].squad, threads=1)
-    windows = answerer.windows(dev_examples(deployed["data"])[:8])
+        deployed_family["onnx"] / "fp32" / "model.onnx", deployed_family["onnx"] / "fp32" / "tokenizer.json",
+        deployed_family["cfg"].squad, threads=1)
+    windows = answerer.windows(dev_examples(deployed_family["data"])[:8])
     assert windows.token_type_ids.max() == 1
     start, _ = answering.window_logits(answerer.session, windows)
     windows.token_type_ids[:] = 0
     start_without, _ = answering.window_logits(answerer.session, windows)
     real = windows.attention_mask.astype(bool)
-    assert np.abs(start - start_without)[real].max() > 100 * deployed["cfg"].export.gates.max_abs_logit_diff
+    assert np.abs(start - start_without)[real].max() > 100 * deployed_family["cfg"].export.gates.max_abs_logit_diff
 
 
-def test_int8_graphs_are_built_gated_and_one_is_bundled(deployed):
-    report = deployed["metrics"]["quantize"]
+def test_int8_graphs_are_built_gated_and_one_is_bundled(deployed_family):
+    report = deployed_family["metrics"]["quantize"]
     assert set(report["variants"]) == {"int8", "int8-fused-qoperator-channel-attfp32"}
     assert report["bundle_choice"] in report["variants"] and report["variants"]["int8"]["passed"]
     assert report["variants"]["int8"]["ops"].get("MatMulInteger", 0) > 0
-    config = json.loads((deployed["bundle"] / "qa_config.json").read_text())
+    config = json.loads((deployed_family["bundle"] / "qa_config.json").read_text())
     assert [i["name"] for i in config["onnx"]["inputs"]] == ["input_ids", "attention_mask", "token_type_ids"]
-    assert "`token_type_ids` = 0 on [CLS], the question and its [SEP]" in (deployed["bundle"] / "README.md").read_text()
-    bundled = deployed["metrics"]["bundle"]
+    assert "`token_type_ids` = 0 on [CLS], the question and its [SEP]" in (deployed_family["bundle"] / "README.md").read_text()
+    bundled = deployed_family["metrics"]["bundle"]
     # the 60 dev questions are split by paragraph into gated and tuning ones (pipeline/export/dev_split.py)
     assert bundled["n_questions"] == report["n_questions"] == len(report["gated_ids"]) < N_QUESTIONS
     assert bundled["ort_answers_equal_onnx"] == 1.0
     # The bundle as an app opens it: its answers are the ones its metrics were scored on.
-    answers = answering.QuestionAnswerer.from_bundle(deployed["bundle"]).predict(dev_examples(deployed["data"]))
-    predictions = json.loads((deployed["quantized"] / report["bundle_choice"] / "predictions.json").read_text())
+    answers = answering.QuestionAnswerer.from_bundle(deployed_family["bundle"]).predict(dev_examples(deployed_family["data"]))
+    predictions = json.loads((deployed_family["quantized"] / report["bundle_choice"] / "predictions.json").read_text())
     assert {qid: answers[qid] for qid in predictions} == predictions
 
 
-def test_coreml_packages_are_converted_checked_and_bundled(deployed):
-    report = deployed["metrics"]["export_coreml"]
+def test_coreml_packages_are_converted_checked_and_bundled(deployed_family):
+    report = deployed_family["metrics"]["export_coreml"]
     package = report["packages"]["4bit"]  # configs/test.yaml converts the 4-bit variant
     assert [i["name"] for i in package["inputs"]] == ["input_ids", "attention_mask"]
-    assert package["dev"]["passed"] and (deployed["bundle"] / "coreml" / "4bit.mlpackage").is_dir()
+    assert package["dev"]["passed"] and (deployed_family["bundle"] / "coreml" / "4bit.mlpackage").is_dir()
     assert package["compressed_weight_ops"]["constexpr_lut_to_dense"] >= 2 * 6  # at least the layers' projections
 
 
-def test_the_coreml_wrapper_matches_the_model_and_its_fp16_mask_stays_finite(deployed):
+def test_the_coreml_wrapper_matches_the_model_and_its_fp16_mask_stays_finite(deployed_family):
     """The wrapper derives token types inside (after the first [SEP]) and masks with a finite fp16 score."""
     import torch
     from transformers import AutoModelForQuestionAnswering
 
-    model = AutoModelForQuestionAnswering.from_pretrained(deployed["deployed_model"]).eval()
-    wrapped = coreml.load_wrapped(deployed["deployed_model"], mask_input=True)
+    model = AutoModelForQuestionAnswering.from_pretrained(deployed_family["deployed_model"]).eval()
+    wrapped = coreml.load_wrapped(deployed_family["deployed_model"], mask_input=True)
     answerer = answering.QuestionAnswerer.with_squad_settings(
-        deployed["onnx"] / "fp32" / "model.onnx", deployed["deployed_model"] / "tokenizer.json",
-        deployed["cfg"].squad)
-    windows = answerer.windows(dev_examples(deployed["data"])[:4])
+        deployed_family["onnx"] / "fp32" / "model.onnx", deployed_family["deployed_model"] / "tokenizer.json",
+        deployed_family["cfg"].squad)
+    windows = answerer.windows(dev_examples(deployed_family["data"])[:4])
     ids, mask = torch.from_numpy(windows.input_ids), torch.from_numpy(windows.attention_mask)
     with torch.no_grad():
         expected = model(input_ids=ids, attention_mask=mask,
@@ -157,11 +157,11 @@ def test_the_coreml_wrapper_matches_the_model_and_its_fp16_mask_stays_finite(dep
 
 @pytest.mark.skipif(shutil.which("node") is None or not (CLIENT / "node_modules" / "onnxruntime-web").is_dir(),
                     reason="Node.js or clients/web/node_modules is missing (install Node 20, then `npm ci` in clients/web)")
-def test_the_javascript_client_gives_the_python_answerers_windows_token_types_and_answers(deployed, tmp_path):
+def test_the_javascript_client_gives_the_python_answerers_windows_token_types_and_answers(deployed_family, tmp_path):
     from clients.web.scripts import check_parity
     questions = tmp_path / "questions.json"
-    questions.write_text(json.dumps(dev_examples(deployed["data"])))
-    report = check_parity.parity(deployed["bundle"], questions, ["node", "web"])
+    questions.write_text(json.dumps(dev_examples(deployed_family["data"])))
+    report = check_parity.parity(deployed_family["bundle"], questions, ["node", "web"])
     for backend, figures in report["backends"].items():
         assert figures["windows_differing"] == 0, (backend, figures["first_differences"])
         assert figures["answer_agreement"] == 1.0, (backend, figures["answers_differing"])

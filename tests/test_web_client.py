@@ -156,6 +156,9 @@ def test_a_broken_bundle_or_question_file_is_refused_by_name(tiny, tmp_path):
     assert not out.exists() and not Path(f"{out}.partial").exists()
 
 
+# It reads the default DAG's build under artifacts/ (a user's own run): an end-to-end build, out of the edit-test loop
+# like the test DAG's, and about half a minute of it on the slowest CPU kind where artifacts/ exists.
+@pytest.mark.integration
 @pytest.mark.skipif(not (DEFAULT_RUN / "bundle" / "qa_config.json").is_file()
                     or not (DEFAULT_RUN / "data" / "dev.jsonl").is_file(),
                     reason="no default-run bundle and dev set under artifacts/ (run the pipeline first)")
