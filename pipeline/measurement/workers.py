@@ -81,12 +81,11 @@ def same_run_as(item: dict, by_name: dict[str, dict]) -> str | None:
 def time_artifacts(items: list[dict], cfg: BenchmarkConfig) -> None:
     """Time every benchmark entry in place, each in its own process: its "latency_ms" and "peak_rss_mib" (null for
     one not timed), over item["runs"] timed runs where the entry says (the full-size ones), else cfg.runs. A peer
-    ("peer_of" names our graph, timed before it) is timed once, in turn with our graph and the
-    other peers of that graph in one process at every length and thread count ("interleaved_with_ours", which is
-    also its latency table), over our graph's runs (its "runs"): its own process then only measures its peak memory
-    (memory_run). A peer whose graph of
-    ours was not timed is timed alone. An OpenVINO entry its CPU plugin refuses is left untimed, saying why; so is a
-    "-default" one that repeats its "-f32" sibling on this CPU (same_run_as)."""
+    ("peer_of" names our graph, timed before it) is timed once, in turn with our graph and the other peers of that
+    graph in one process at every length and thread count ("interleaved_with_ours", which is also its latency
+    table), over our graph's runs (its "runs"): its own process then only measures its peak memory (memory_run). A
+    peer whose graph of ours was not timed is timed alone. An OpenVINO entry its CPU plugin refuses is left untimed,
+    saying why; so is a "-default" one that repeats its "-f32" sibling on this CPU (same_run_as)."""
     by_name = {item["name"]: item for item in items}
     in_turn_with: dict[str, list[dict]] = {}  # our graph's name: its peers, timed in turn with it
     for item in items:

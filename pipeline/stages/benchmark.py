@@ -9,7 +9,7 @@ architectures (export_full_size), their searched int8 graphs (int8_search, expor
   answerer, PyTorch from training, CoreML from its PyTorch-side proxy); null for the random-weight full-size
   architectures.
 - latency: batch 1, every configured length and thread count, p50 and p90 over `runs` timed runs after `warmup`
-  (`full_size_runs` for a full-size architecture's own rows)
+  (`full_size_runs` for a full-size architecture's rows and its peers' blocks)
   (pipeline.measurement.latency, the pipeline's one timer); onnxruntime sessions and torch pinned to the thread
   count, one process per artifact whose peak resident memory is recorded (pipeline.measurement.workers). CoreML
   cannot run on Linux: its latency is null, with the reason.
