@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from pipeline.startup import hide_unused_packages_from_transformers
+    from pipeline.startup import prepare_process
 
-    hide_unused_packages_from_transformers()  # imports no stage uses (pipeline/startup.py)
+    prepare_process()  # library settings: pipeline/startup.py
     sys.exit(main())

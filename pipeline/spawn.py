@@ -5,11 +5,14 @@ from __future__ import annotations
 import concurrent.futures
 import multiprocessing
 
+from pipeline.startup import prepare_process
+
 
 def in_spawned_process(function, *args):
-    """function(*args) in a fresh spawned process (function and args must pickle). The stages run OpenVINO and
-    NNCF this way: with OpenVINO's CPU plugin threads in a process, a process forked from it later (a DataLoader
-    worker, in the same test session) crashed it (docs/findings.md)."""
+    """function(*args) in a fresh spawned process (function and args must pickle), with the library settings of
+    every process of the pipeline (pipeline/startup.py: the process runs no entry point of ours). The stages run
+    OpenVINO and NNCF this way: with OpenVINO's CPU plugin threads in a process, a process forked from it later (a
+    DataLoader worker, in the same test session) crashed it (docs/findings.md)."""
     context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=context, initializer=prepare_process) as pool:
         return pool.submit(function, *args).result()

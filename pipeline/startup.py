@@ -1,13 +1,23 @@
-"""What the processes this project starts do first (`python -m pipeline`, the benchmark's timing workers, the tests).
+"""What every process this project starts does first (`python -m pipeline`, the benchmark's timing workers, the
+processes pipeline/spawn.py starts, the tests): two settings of libraries it loads, each applied as the library's
+module is loaded, so the order of imports does not matter.
 
-transformers imports two installed packages in every process that loads a model, for features no stage uses:
-scikit-learn's metrics, for assisted text generation (`transformers.generation.candidate_generator`), and SciPy's
-optimizers, for the matching losses of object detectors (`transformers.loss.loss_for_object_detection`, which
-`modeling_utils` imports through its loss table). Both are installed for coremltools (k-means palettization).
-Those imports cost every model-loading process, every job of the DAG and every PyTorch timing worker, about a
-fifth of a short stage's time (docs/findings.md, "Two cores"). transformers offers no setting for them, so the two flags it reads
-(`transformers.utils.import_utils._sklearn_available` and `_scipy_available`) are set to False as that module
-is loaded. Both packages stay importable: coremltools imports them where it needs them.
+1. transformers imports two installed packages in every process that loads a model, for features no stage uses:
+   scikit-learn's metrics, for assisted text generation (`transformers.generation.candidate_generator`), and SciPy's
+   optimizers, for the matching losses of object detectors (`transformers.loss.loss_for_object_detection`, which
+   `modeling_utils` imports through its loss table). Both are installed for coremltools (k-means palettization).
+   Those imports cost every model-loading process, every job of the DAG and every PyTorch timing worker, about a
+   fifth of a short stage's time (docs/findings.md, "Two cores"). transformers offers no setting for them, so the two
+   flags it reads (`transformers.utils.import_utils._sklearn_available` and `_scipy_available`) are set to False as
+   that module is loaded. Both packages stay importable: coremltools imports them where it needs them.
+2. OpenVINO's usage telemetry (the openvino-telemetry package, which NNCF and `openvino.convert_model` report
+   through) is sent only where the user opted in. Left to itself, that package counts a missing consent file as
+   consent: every `nncf.quantize` then sends about 35 events to Google Analytics, each from a new process it waits
+   for (up to 3 s each), which made NNCF's int8 of the tiny student take 7.7 s instead of 3.3 s here, offline. The
+   pipeline runs offline and sends nothing about its users by default, so a missing consent file counts as declined
+   in these processes. The consent file (~/intel/openvino_telemetry, one for the user's whole account) is left as it
+   is: a user who opted in (`opt_in_out --opt_in` writes "1") still sends, one who opted out does not. The package
+   offers no setting for this short of that file (its only other switch is the CI variables it looks for).
 """
 
 from __future__ import annotations
@@ -16,21 +26,47 @@ import importlib.abc
 import importlib.machinery
 import sys
 
-FLAGGED_MODULE = "transformers.utils.import_utils"
+TRANSFORMERS_FLAGS_MODULE = "transformers.utils.import_utils"
 # transformers' flags for the packages it need not import here (see the module's docstring)
 UNUSED_PACKAGE_FLAGS = ("_sklearn_available", "_scipy_available")
+TELEMETRY_CONSENT_MODULE = "openvino_telemetry.utils.opt_in_checker"
 
 
-def _set_flags(import_utils) -> None:
+def _hide_unused_packages(import_utils) -> None:
     for flag in UNUSED_PACKAGE_FLAGS:
         setattr(import_utils, flag, False)
 
 
-class _UnusedPackagesHiddenFromTransformers(importlib.abc.MetaPathFinder):
-    """Finds transformers' import_utils as Python would, and sets its flags once the module has run."""
+def _no_telemetry_without_consent(opt_in_checker) -> None:
+    """OptInChecker.check, which every openvino_telemetry.Telemetry asks, answers "declined" where the library's own
+    answer is "no consent file"; an accepted or declined file is answered as the library answers it."""
+    checker = opt_in_checker.OptInChecker
+    if getattr(checker.check, "declines_without_a_file", False):
+        return
+    library_check = checker.check
+    results = opt_in_checker.ConsentCheckResult
+
+    def check(self, enable_opt_in_dialog, disable_in_ci=False):
+        result = library_check(self, enable_opt_in_dialog, disable_in_ci)
+        return results.DECLINED if result == results.NO_FILE else result
+
+    check.declines_without_a_file = True
+    checker.check = check
+
+
+# module name -> what is applied to it once it has run
+APPLIED_ON_LOAD = {
+    TRANSFORMERS_FLAGS_MODULE: _hide_unused_packages,
+    TELEMETRY_CONSENT_MODULE: _no_telemetry_without_consent,
+}
+
+
+class _SettingsAppliedOnLoad(importlib.abc.MetaPathFinder):
+    """Finds the modules of APPLIED_ON_LOAD as Python would, and applies their setting once each has run."""
 
     def find_spec(self, name, path, target=None):
-        if name != FLAGGED_MODULE:
+        apply = APPLIED_ON_LOAD.get(name)
+        if apply is None:
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path, target)
         if spec is None or spec.loader is None:
@@ -39,18 +75,18 @@ class _UnusedPackagesHiddenFromTransformers(importlib.abc.MetaPathFinder):
 
         def exec_module(module):
             run_module(module)
-            _set_flags(module)
+            apply(module)
 
         spec.loader.exec_module = exec_module  # this spec's own loader instance
         return spec
 
 
-def hide_unused_packages_from_transformers() -> None:
-    """Before transformers is imported: it will not import scikit-learn or SciPy (see the module's docstring).
-    Idempotent; where transformers' import_utils is loaded already, its flags are set (what it imported stays)."""
-    loaded = sys.modules.get(FLAGGED_MODULE)
-    if loaded is not None:
-        _set_flags(loaded)
-        return
-    if not any(isinstance(finder, _UnusedPackagesHiddenFromTransformers) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _UnusedPackagesHiddenFromTransformers())
+def prepare_process() -> None:
+    """Before the libraries are imported: the settings of the module's docstring. Idempotent; a module that is loaded
+    already gets its setting at once (what it imported stays)."""
+    for name, apply in APPLIED_ON_LOAD.items():
+        loaded = sys.modules.get(name)
+        if loaded is not None:
+            apply(loaded)
+    if not any(isinstance(finder, _SettingsAppliedOnLoad) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _SettingsAppliedOnLoad())

@@ -15,10 +15,11 @@ from tests.paths import SHARED_SQUAD_SAMPLE
 # Set here, before any test module imports torch.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-# As every process the pipeline starts: transformers leaves scikit-learn and SciPy unimported (pipeline/startup.py).
-from pipeline.startup import hide_unused_packages_from_transformers  # noqa: E402
+# As every process the pipeline starts: transformers leaves scikit-learn and SciPy unimported, OpenVINO sends no
+# telemetry without the user's consent (pipeline/startup.py).
+from pipeline.startup import prepare_process  # noqa: E402
 
-hide_unused_packages_from_transformers()
+prepare_process()
 
 
 def machine_line() -> str:

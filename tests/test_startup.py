@@ -1,11 +1,17 @@
 """pipeline/startup.py: the processes the pipeline starts load transformers without scikit-learn or SciPy, which
-stay importable for coremltools."""
+stay importable for coremltools, and send OpenVINO's usage telemetry only where the user opted in."""
 
 import importlib.metadata
 import importlib.util
+import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
+
+from pipeline.spawn import in_spawned_process
 from tests.paths import PROJECT_ROOT
 
 # Both entry points run as Python runs them (`python -m pipeline`, the benchmark's worker), asked only for their
@@ -49,3 +55,63 @@ def test_without_the_flags_transformers_would_import_scikit_learn_and_scipy():
 
     # the tests' own process: tests/conftest.py sets them
     assert import_utils.is_sklearn_available() is False and import_utils.is_scipy_available() is False
+
+
+# What NNCF and openvino.convert_model build before each report: consent read from the user's consent file, and
+# the events it would send. The sender is the library's own (a new process per event); each one started is counted.
+TELEMETRY_CONSENT = """
+import json, multiprocessing, sys
+started = []
+multiprocessing.Process.start = lambda process: started.append(process)
+if sys.argv[1] == "prepared":
+    from pipeline.startup import prepare_process
+    prepare_process()
+from openvino_telemetry import Telemetry
+telemetry = Telemetry(app_name="nncf", app_version="0", tid="G-TEST", backend="ga4", enable_opt_in_dialog=False,
+                      disable_in_ci=True)
+telemetry.send_event("quantize", "test", "label")
+print(json.dumps({"consent": telemetry.consent, "processes_started": len(started)}))
+"""
+
+
+def telemetry_in_a_process(home: Path, prepared: bool) -> dict:
+    # outside any CI: the library declines in CI by itself (its CI variables), which would hide what is tested
+    env = {key: value for key, value in os.environ.items() if key not in ("CI", "TF_BUILD", "JENKINS_URL")}
+    completed = subprocess.run([sys.executable, "-c", TELEMETRY_CONSENT, "prepared" if prepared else "plain"],
+                               capture_output=True, text=True, cwd=PROJECT_ROOT, check=True, env={**env, "HOME": str(home)})
+    return json.loads(completed.stdout.splitlines()[-1])
+
+
+def consent_file(home: Path, content: str | None) -> Path:
+    home.mkdir()
+    if content is not None:
+        (home / "intel").mkdir()
+        (home / "intel" / "openvino_telemetry").write_text(content)
+    return home
+
+
+def test_without_a_consent_file_the_library_would_send_and_our_processes_do_not(tmp_path):
+    home = consent_file(tmp_path / "home", None)
+    assert telemetry_in_a_process(home, prepared=False) == {"consent": True, "processes_started": 1}
+    assert telemetry_in_a_process(home, prepared=True) == {"consent": False, "processes_started": 0}
+
+
+@pytest.mark.parametrize("content, consent", [("1", True), ("0", False)])
+def test_a_users_own_consent_file_decides_as_the_library_reads_it(tmp_path, content, consent):
+    home = consent_file(tmp_path / "home", content)
+    assert telemetry_in_a_process(home, prepared=True) == {"consent": consent, "processes_started": int(consent)}
+
+
+def telemetry_consent() -> bool:
+    from openvino_telemetry import Telemetry
+
+    return Telemetry(app_name="nncf", app_version="0", tid="G-TEST", backend="ga4", enable_opt_in_dialog=False,
+                     disable_in_ci=True).consent
+
+
+def test_a_spawned_process_of_the_stages_sends_no_telemetry_without_consent(tmp_path, monkeypatch):
+    # where the stages run NNCF and OpenVINO (pipeline/spawn.py): no entry point of ours runs there
+    monkeypatch.setenv("HOME", str(consent_file(tmp_path / "home", None)))
+    for variable in ("CI", "TF_BUILD", "JENKINS_URL"):
+        monkeypatch.delenv(variable, raising=False)
+    assert in_spawned_process(telemetry_consent) is False

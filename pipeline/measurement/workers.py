@@ -162,7 +162,7 @@ def worker_cli(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from pipeline.startup import hide_unused_packages_from_transformers
+    from pipeline.startup import prepare_process
 
-    hide_unused_packages_from_transformers()  # each PyTorch timing worker loads a model (pipeline/startup.py)
+    prepare_process()  # library settings, as in every process of the pipeline (pipeline/startup.py)
     sys.exit(worker_cli())
