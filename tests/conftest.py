@@ -84,12 +84,18 @@ def tiny_int8(tmp_path_factory) -> Path:
 # (tests/test_deploy_family.py), about half a minute of the loop; the export modules' tests check each step.
 # built_peers: stage export_peers on a stand-in (torch, ORTQuantizer and NNCF builds), which the benchmark's peer
 # timing then runs in worker processes (tests/export/test_peers.py); the peers' report and summary rows stay in the loop.
-END_TO_END_BUILDS = ("dag_run", "documented_offline_deploy", "distributed_runs", "gpu_check_dry_run", "exported_student",
-                     "deployed_family", "built_peers")
+# Listed from the longest to build and read to the shortest (a run of the suite on 2 cores: the test DAG about 2
+# minutes of its worker, the tests of the exported student 1.5, the documented deploy and the device script's dry
+# run 1 each, then well under a minute each). With pytest-xdist their groups are handed out in this order, before
+# every other test (pyproject.toml: --no-loadscope-reorder), so the longest do not start last with the other
+# worker idle.
+END_TO_END_BUILDS = ("dag_run", "exported_student", "documented_offline_deploy", "gpu_check_dry_run", "distributed_runs",
+                     "built_peers", "deployed_family")
 
 
-# pytest-xdist's options that pyproject.toml's addopts give (the tests on every core).
+# pytest-xdist's options that pyproject.toml's addopts give (the tests on every core), and its flag there.
 XDIST_ADDOPTS = ("--numprocesses", "--maxprocesses", "--dist")
+XDIST_ADDOPTS_FLAGS = ("--no-loadscope-reorder",)
 
 
 def pytest_addoption(parser, pluginmanager):
@@ -100,6 +106,9 @@ def pytest_addoption(parser, pluginmanager):
     group = parser.getgroup("xdist", "pytest-xdist's options in addopts, ignored: the plugin is not loaded")
     for option in XDIST_ADDOPTS:
         group.addoption(option, dest=f"ignored_xdist_{option.strip('-')}", help="ignored without pytest-xdist")
+    for flag in XDIST_ADDOPTS_FLAGS:
+        group.addoption(flag, dest=f"ignored_xdist_{flag.strip('-')}", action="store_true",
+                        help="ignored without pytest-xdist")
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the marker is what it selects on
@@ -112,6 +121,7 @@ def pytest_collection_modifyitems(config, items):
     written in each module."""
     reading_the_student = {item.module.__name__ for item in items if "exported_student" in item.fixturenames}
     grouped = config.pluginmanager.hasplugin("xdist")  # the group marker is pytest-xdist's
+    group_of = {}
     for item in items:
         build = next((name for name in END_TO_END_BUILDS if name in item.fixturenames), None)
         if build is not None:
@@ -121,6 +131,12 @@ def pytest_collection_modifyitems(config, items):
         module = item.module.__name__
         group = build or ("exported_student" if module in reading_the_student else module)
         item.add_marker(pytest.mark.xdist_group(group))
+        group_of[item] = group
+    if grouped:
+        # the builds' groups first, the longest first (END_TO_END_BUILDS); every other test in its collected order
+        last = len(END_TO_END_BUILDS)
+        items.sort(key=lambda item: END_TO_END_BUILDS.index(group_of[item]) if group_of[item] in END_TO_END_BUILDS
+                   else last)
 
 
 @pytest.fixture(scope="session")
