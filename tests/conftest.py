@@ -84,11 +84,10 @@ def tiny_int8(tmp_path_factory) -> Path:
 # (tests/test_deploy_family.py), about half a minute of the loop; the export modules' tests check each step.
 # built_peers: stage export_peers on a stand-in (torch, ORTQuantizer and NNCF builds), which the benchmark's peer
 # timing then runs in worker processes (tests/export/test_peers.py); the peers' report and summary rows stay in the loop.
-# Listed from the longest to build and read to the shortest (a run of the suite on 2 cores: the test DAG about 2
-# minutes of its worker, the tests of the exported student 1.5, the documented deploy and the device script's dry
-# run 1 each, then well under a minute each). With pytest-xdist their groups are handed out in this order, before
-# every other test (pyproject.toml: --no-loadscope-reorder), so the longest do not start last with the other
-# worker idle.
+# Listed from the longest to build and read to the shortest, as their groups took their worker in runs of the suite
+# on 2 cores (the test DAG and the exported student's tests about 2 minutes each, the documented deploy 1 to 2, the
+# others under 1). With pytest-xdist their groups are handed out in this order, before every other test
+# (pyproject.toml: --no-loadscope-reorder), so the longest do not start last beside an idle worker.
 END_TO_END_BUILDS = ("dag_run", "exported_student", "documented_offline_deploy", "gpu_check_dry_run", "distributed_runs",
                      "built_peers", "deployed_family")
 
