@@ -88,8 +88,8 @@ def tiny_int8(tmp_path_factory) -> Path:
 # on 2 cores (the test DAG and the exported student's tests about 2 minutes each, the documented deploy 1 to 2, the
 # others under 1). With pytest-xdist their groups are handed out in this order, before every other test
 # (pyproject.toml: --no-loadscope-reorder), so the longest do not start last beside an idle worker.
-END_TO_END_BUILDS = ("dag_run", "exported_student", "documented_offline_deploy", "gpu_check_dry_run", "distributed_runs",
-                     "built_peers", "deployed_family")
+END_TO_END_BUILDS = ("dag_run", "exported_student", "documented_offline_deploy", "gpu_check_dry_run",
+                     "distributed_runs", "built_peers", "deployed_family")
 
 
 # pytest-xdist's options that pyproject.toml's addopts give (the tests on every core), and its flag there.

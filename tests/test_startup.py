@@ -78,7 +78,8 @@ def telemetry_in_a_process(home: Path, prepared: bool) -> dict:
     # outside any CI: the library declines in CI by itself (its CI variables), which would hide what is tested
     env = {key: value for key, value in os.environ.items() if key not in ("CI", "TF_BUILD", "JENKINS_URL")}
     completed = subprocess.run([sys.executable, "-c", TELEMETRY_CONSENT, "prepared" if prepared else "plain"],
-                               capture_output=True, text=True, cwd=PROJECT_ROOT, check=True, env={**env, "HOME": str(home)})
+                               capture_output=True, text=True, cwd=PROJECT_ROOT, check=True,
+                               env={**env, "HOME": str(home)})
     return json.loads(completed.stdout.splitlines()[-1])
 
 
