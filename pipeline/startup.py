@@ -13,11 +13,12 @@ module is loaded, so the order of imports does not matter.
 2. OpenVINO's usage telemetry (the openvino-telemetry package, which NNCF and `openvino.convert_model` report
    through) is sent only where the user opted in. Left to itself, that package counts a missing consent file as
    consent: every `nncf.quantize` then sends about 35 events to Google Analytics, each from a new process it waits
-   for (up to 3 s each), which made NNCF's int8 of the tiny student take 7.7 s instead of 3.3 s here, offline. The
-   pipeline runs offline and sends nothing about its users by default, so a missing consent file counts as declined
-   in these processes. The consent file (~/intel/openvino_telemetry, one for the user's whole account) is left as it
-   is: a user who opted in (`opt_in_out --opt_in` writes "1") still sends, one who opted out does not. The package
-   offers no setting for this short of that file (its only other switch is the CI variables it looks for).
+   for (up to 3 s each), which about doubled the time of NNCF's int8 of the default run's student, offline
+   (docs/findings.md, "Two cores"). The pipeline sends nothing about its users by default, so a missing consent
+   file counts as declined in these processes. The consent file (~/intel/openvino_telemetry, one for the user's
+   whole account) is left as it is: a user who opted in (`opt_in_out --opt_in` writes "1") still sends, one who
+   opted out does not. The package offers no setting for this short of that file (its only other switch is the CI
+   variables it looks for).
 """
 
 from __future__ import annotations
