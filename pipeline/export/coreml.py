@@ -1,11 +1,12 @@
 """CoreML mlprogram packages of a QA model: the fp16-safe wrapper, weight compression on the PyTorch side
 (coremltools.optimize.torch), conversion, the package read back as a spec and checked, and its dev gate on Linux
 (CoreML prediction runs only on macOS): the package's own weights read back out of it, decompressed, and run in
-the PyTorch model they were converted from, at float16.
+the PyTorch model they were converted from, at float16 (Float16Products).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections import Counter
 from dataclasses import dataclass
@@ -13,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_leaves, tree_map
 
 from pipeline.export.gates import REJECTED, GateError, GateQuestions, compressed_model_report
 from pipeline.outputs.artifacts import directory_size_bytes
@@ -216,21 +219,52 @@ def check_package(info: dict, variant: str, cfg: CoreMLConfig, n_weight_matrices
         raise GateError(f"{where}: the package is not what was asked for: " + "; ".join(problems))
 
 
+# The products of the exportable models: linear layers, the Neural Engine layout's 1x1 convolutions and einsums,
+# attention (fused, or matmuls in the eager models).
+PRODUCTS = frozenset({torch.nn.functional.linear, torch.conv2d, torch.matmul, torch.Tensor.matmul,
+                      torch.Tensor.__matmul__, torch.bmm, torch.einsum,
+                      torch.nn.functional.scaled_dot_product_attention})
+
+
+def _to_float32(value):
+    return value.float() if isinstance(value, torch.Tensor) and value.dtype == torch.float16 else value
+
+
+def _to_float16(value):
+    return value.half() if isinstance(value, torch.Tensor) and value.dtype == torch.float32 else value
+
+
+class Float16Products(TorchFunctionMode):
+    """float16 arithmetic as torch's CPU float16 kernels compute it, with its float32 kernels doing the products:
+    every tensor stays float16; a product (PRODUCTS) takes its float16 operands, accumulates in float32 and rounds its
+    result to float16, as those kernels do. Where a CPU has no float16 arithmetic (AVX2, AVX-512 without FP16), torch's
+    own float16 products take a slow path: 11x a float32 linear layer on an AMD EPYC with AVX2 only. Results agree
+    with them to a few float16 steps (the order of the float32 sums differs): docs/findings.md."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in PRODUCTS and any(isinstance(value, torch.Tensor) and value.dtype == torch.float16
+                                    for value in tree_leaves((args, kwargs))):
+            return tree_map(_to_float16, func(*tree_map(_to_float32, args), **tree_map(_to_float32, kwargs)))
+        return func(*args, **kwargs)
+
+
 @torch.no_grad()
 def proxy_logits(wrapped: torch.nn.Module, features, cfg: PipelineConfig,
                  half: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Start and end logits of the PyTorch-side proxy on the windows `features` (qa_windows.validation_windows), computed
-    in float16 like the package (half=False: float32, for the fallback's many quick comparisons)."""
+    in float16 like the package (Float16Products; half=False: float32, for the fallback's many quick comparisons)."""
     model = wrapped.half() if half else wrapped
     ids = np.asarray(features.with_format("numpy")["input_ids"])
     mask = np.asarray(features.with_format("numpy")["attention_mask"])
     starts = np.full(ids.shape, -1e4, dtype=np.float32)
     ends = np.full(ids.shape, -1e4, dtype=np.float32)
-    for rows, length in squad.batches_by_length(mask.sum(axis=1), cfg.squad.eval_batch_size):
-        input_ids = torch.from_numpy(ids[rows, :length]).to(torch.int32)
-        attention_mask = torch.from_numpy(mask[rows, :length]).to(torch.int32)
-        start, end = model(input_ids, attention_mask) if model.mask_input else model(input_ids)
-        starts[rows, :length], ends[rows, :length] = start.float().numpy(), end.float().numpy()
+    with Float16Products() if half else contextlib.nullcontext():
+        for rows, length in squad.batches_by_length(mask.sum(axis=1), cfg.squad.eval_batch_size):
+            input_ids = torch.from_numpy(ids[rows, :length]).to(torch.int32)
+            attention_mask = torch.from_numpy(mask[rows, :length]).to(torch.int32)
+            start, end = model(input_ids, attention_mask) if model.mask_input else model(input_ids)
+            starts[rows, :length], ends[rows, :length] = start.float().numpy(), end.float().numpy()
     model.float()
     return starts, ends
 
