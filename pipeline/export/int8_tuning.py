@@ -104,10 +104,13 @@ def first_windows(windows: answering.Windows, count: int) -> answering.Windows:
 
 
 def graph_logits(path: Path, windows: answering.Windows) -> tuple[np.ndarray, np.ndarray]:
-    """A graph's start and end logits on `windows` (onnxruntime with every core)."""
+    """A graph's start and end logits on `windows` (onnxruntime on one thread, the rule's)."""
     import onnxruntime
 
-    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    options = onnxruntime.SessionOptions()
+    # onnxruntime ignores OMP_NUM_THREADS: unpinned, its pool would spin on the core of the job beside this rule
+    options.intra_op_num_threads, options.inter_op_num_threads = 1, 1
+    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     return answering.window_logits(session, windows)
 
 
