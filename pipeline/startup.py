@@ -1,6 +1,7 @@
 """What every process this project starts does first (`python -m pipeline`, the benchmark's timing workers, the
-processes pipeline/spawn.py starts, the tests): two settings of libraries it loads, each applied as the library's
-module is loaded, so the order of imports does not matter.
+processes pipeline/spawn.py starts, the scripts of benchmarks/ through that package's __init__, the tests): two
+settings of libraries it loads, each applied as the library's module is loaded, so the order of imports does not
+matter.
 
 1. transformers imports two installed packages in every process that loads a model, for features no stage uses:
    scikit-learn's metrics, for assisted text generation (`transformers.generation.candidate_generator`), and SciPy's

@@ -14,10 +14,16 @@ import pytest
 from pipeline.spawn import in_spawned_process
 from tests.paths import PROJECT_ROOT
 
-# Both entry points run as Python runs them (`python -m pipeline`, the benchmark's worker), asked only for their
-# help; then a model class is imported as a stage imports it.
+# The benchmarks package (`python -m benchmarks.<name>` imports it before the script) prepares its process: checked,
+# then undone, as it imports no library. Both entry points then run as Python runs them (`python -m pipeline`, the
+# benchmark's worker), asked only for their help; then a model class is imported as a stage imports it.
 ENTRY_POINTS_THEN_A_MODEL = """
 import contextlib, runpy, sys
+import benchmarks
+from pipeline.startup import _SettingsAppliedOnLoad
+prepared = [finder for finder in sys.meta_path if isinstance(finder, _SettingsAppliedOnLoad)]
+print("benchmarks prepared:", bool(prepared), "libraries loaded:", "transformers" in sys.modules)
+sys.meta_path[:] = [finder for finder in sys.meta_path if finder not in prepared]
 for module in ("pipeline", "pipeline.measurement.workers"):
     sys.argv = [module, "--help"]
     with contextlib.suppress(SystemExit):  # --help ends with sys.exit
@@ -32,6 +38,7 @@ print("importable:", sklearn.cluster.KMeans.__name__, scipy.optimize.linear_sum_
 def test_the_entry_points_load_a_model_without_scikit_learn_or_scipy_which_stay_importable():
     completed = subprocess.run([sys.executable, "-c", ENTRY_POINTS_THEN_A_MODEL], capture_output=True, text=True,
                                cwd=PROJECT_ROOT, check=True)
+    assert "benchmarks prepared: True libraries loaded: False" in completed.stdout
     assert "sklearn imported: False scipy imported: False" in completed.stdout
     assert "importable: KMeans linear_sum_assignment" in completed.stdout
 
