@@ -74,6 +74,9 @@ def workflow_rules() -> dict:
 RECORD_IMPORTS = r"""
 import builtins, importlib, json, sys
 
+from pipeline.startup import prepare_process
+
+prepare_process()  # as `python -m pipeline` does first (pipeline/startup.py), before the recording starts
 edges = {}
 real_import = builtins.__import__
 
