@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_leaves, tree_map
 
 from pipeline.export.gates import REJECTED, GateError, GateQuestions, compressed_model_report
 from pipeline.outputs.artifacts import directory_size_bytes
@@ -226,12 +225,25 @@ PRODUCTS = frozenset({torch.nn.functional.linear, torch.conv2d, torch.matmul, to
                       torch.nn.functional.scaled_dot_product_attention})
 
 
-def _to_float32(value):
-    return value.float() if isinstance(value, torch.Tensor) and value.dtype == torch.float16 else value
+def _cast(value, source: torch.dtype, target: torch.dtype):
+    """`value` with every `source` tensor in it (alone, or in a list, tuple or dict) cast to `target`."""
+    if isinstance(value, torch.Tensor):
+        return value.to(target) if value.dtype == source else value
+    if isinstance(value, (list, tuple)):
+        return type(value)(_cast(item, source, target) for item in value)
+    if isinstance(value, dict):
+        return {key: _cast(item, source, target) for key, item in value.items()}
+    return value
 
 
-def _to_float16(value):
-    return value.half() if isinstance(value, torch.Tensor) and value.dtype == torch.float32 else value
+def _holds_float16(value) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value.dtype == torch.float16
+    if isinstance(value, (list, tuple)):
+        return any(_holds_float16(item) for item in value)
+    if isinstance(value, dict):
+        return any(_holds_float16(item) for item in value.values())
+    return False
 
 
 class Float16Products(TorchFunctionMode):
@@ -243,9 +255,9 @@ class Float16Products(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in PRODUCTS and any(isinstance(value, torch.Tensor) and value.dtype == torch.float16
-                                    for value in tree_leaves((args, kwargs))):
-            return tree_map(_to_float16, func(*tree_map(_to_float32, args), **tree_map(_to_float32, kwargs)))
+        if func in PRODUCTS and _holds_float16((args, kwargs)):
+            result = func(*_cast(args, torch.float16, torch.float32), **_cast(kwargs, torch.float16, torch.float32))
+            return _cast(result, torch.float32, torch.float16)
         return func(*args, **kwargs)
 
 
