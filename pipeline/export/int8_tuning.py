@@ -35,7 +35,7 @@ from pipeline.export.int8 import (MODEL_FILE, Int8Recipe, activation_matmuls, ca
                                   choose_bundle_variant, copy_side_files, fp32_graph, int8_recipes,
                                   quantization_settings, quantize_int4, quantize_int8, weight_storage)
 from pipeline.export.openvino_target import OPENVINO_VARIANT, build_and_gate
-from pipeline.measurement.latency import compare_latency
+from pipeline.measurement.latency import compare_latency, onnx_session
 from pipeline.measurement.statistics import paired_bootstrap_interval, per_question_f1
 from pipeline.outputs.artifacts import atomic_write_json, directory_size_bytes, megabytes, read_json
 from pipeline.outputs.machine import cpu_description
@@ -105,13 +105,8 @@ def first_windows(windows: answering.Windows, count: int) -> answering.Windows:
 
 def graph_logits(path: Path, windows: answering.Windows) -> tuple[np.ndarray, np.ndarray]:
     """A graph's start and end logits on `windows` (onnxruntime on one thread, the rule's)."""
-    import onnxruntime
-
-    options = onnxruntime.SessionOptions()
     # onnxruntime ignores OMP_NUM_THREADS: unpinned, its pool would spin on the core of the job beside this rule
-    options.intra_op_num_threads, options.inter_op_num_threads = 1, 1
-    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    return answering.window_logits(session, windows)
+    return answering.window_logits(onnx_session(path, threads=1), windows)
 
 
 def distribution_divergence(reference: tuple[np.ndarray, np.ndarray], other: tuple[np.ndarray, np.ndarray],

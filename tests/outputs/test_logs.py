@@ -21,7 +21,8 @@ def restored_logging():
 
 
 def test_coremltools_logs_only_warnings_and_the_pipeline_its_info(restored_logging, monkeypatch):
-    monkeypatch.delenv(logs.COREMLTOOLS_OPTIMIZE_LEVEL, raising=False)
+    monkeypatch.setenv(logs.COREMLTOOLS_OPTIMIZE_LEVEL, "unset")  # recorded, so the test's own setting is undone
+    monkeypatch.delenv(logs.COREMLTOOLS_OPTIMIZE_LEVEL)
     logs.setup_logging()
     assert logging.getLogger("pipeline.stages.export_coreml").isEnabledFor(logging.INFO)
     for name in ("coremltools", "coremltools.converters.mil.frontend.torch.ops", "coremltools.optimize.torch._utils"):
