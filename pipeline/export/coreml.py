@@ -267,8 +267,9 @@ def proxy_logits(wrapped: torch.nn.Module, features, cfg: PipelineConfig,
     """Start and end logits of the PyTorch-side proxy on the windows `features` (qa_windows.validation_windows), computed
     in float16 like the package (Float16Products; half=False: float32, for the fallback's many quick comparisons)."""
     model = wrapped.half() if half else wrapped
-    ids = np.asarray(features.with_format("numpy")["input_ids"])
-    mask = np.asarray(features.with_format("numpy")["attention_mask"])
+    columns = features.with_format("numpy")
+    ids = np.asarray(squad.whole_column(columns, "input_ids"))
+    mask = np.asarray(squad.whole_column(columns, "attention_mask"))
     starts = np.full(ids.shape, -1e4, dtype=np.float32)
     ends = np.full(ids.shape, -1e4, dtype=np.float32)
     with Float16Products() if half else contextlib.nullcontext():

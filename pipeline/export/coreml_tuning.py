@@ -44,7 +44,7 @@ class ProxyTuning:
 
     @property
     def mask(self) -> np.ndarray:
-        return np.asarray(self.features.with_format("numpy")["attention_mask"]).astype(bool)
+        return np.asarray(squad.whole_column(self.features.with_format("numpy"), "attention_mask")).astype(bool)
 
     def f1(self, logits: tuple[np.ndarray, np.ndarray], cfg: PipelineConfig) -> np.ndarray:
         """Per-question F1 of the answers these logits give."""

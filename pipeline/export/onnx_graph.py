@@ -15,6 +15,7 @@ from pipeline.export.gates import GateError
 from pipeline.outputs.artifacts import read_json
 from pipeline.plan.model_types import attention_shape, model_type_of
 from pipeline.runtime import answering
+from pipeline.runtime.squad import whole_column
 
 FUSED_OPS = ("Attention", "MultiHeadAttention", "SkipLayerNormalization", "EmbedLayerNormalization", "BiasGelu",
              "FastGelu", "Gelu", "LayerNormalization")
@@ -90,12 +91,13 @@ def max_logit_difference(onnx_path: Path, windows: answering.Windows, torch_star
 def windows_from_features(features) -> answering.Windows:
     """The training code's dev windows (transformers tokenizer) in the torch-free answerer's layout."""
     columns = features.with_format("numpy")
-    token_type_ids = (np.asarray(columns["token_type_ids"]) if "token_type_ids" in features.column_names
-                      else np.zeros_like(np.asarray(columns["input_ids"])))
+    input_ids = np.asarray(whole_column(columns, "input_ids"), dtype=np.int64)
+    token_type_ids = (np.asarray(whole_column(columns, "token_type_ids")) if "token_type_ids" in features.column_names
+                      else np.zeros_like(input_ids))
     return answering.Windows(
-        example_ids=list(features["example_id"]),
-        input_ids=np.asarray(columns["input_ids"], dtype=np.int64),
-        attention_mask=np.asarray(columns["attention_mask"], dtype=np.int64),
+        example_ids=list(whole_column(features, "example_id")),
+        input_ids=input_ids,
+        attention_mask=np.asarray(whole_column(columns, "attention_mask"), dtype=np.int64),
         token_type_ids=token_type_ids.astype(np.int64),
-        context_offsets=list(features["offset_mapping"]),
+        context_offsets=list(whole_column(features, "offset_mapping")),
     )

@@ -26,6 +26,13 @@ MAX_IDS_LISTED = 5  # how many missing prediction ids a report lists
 PUNCTUATION = frozenset(string.punctuation)  # the official script's definition of punctuation
 
 
+def whole_column(table, name: str):
+    """Column `name` of a datasets.Dataset (a list, or an array under a numpy format) or of a dict of lists, read
+    in one go. A Dataset's column (datasets >= 4: a lazy Column) iterated, or given to np.asarray, is read row by
+    row: 16x slower for 4,000 windows' token ids (0.30 s against 0.02 s)."""
+    return table[name][:]
+
+
 # ------------------------------------------------------------------------------------------------- windows
 
 
@@ -169,18 +176,18 @@ def n_best_predictions(
     of lists); the logits have one row per feature.
     """
     start_logits, end_logits = np.asarray(start_logits), np.asarray(end_logits)
-    feature_example_ids = list(features["example_id"])
+    feature_example_ids = list(whole_column(features, "example_id"))
     if not (len(feature_example_ids) == len(start_logits) == len(end_logits)):
         raise ValueError(
             f"{len(feature_example_ids)} features but {len(start_logits)} start and {len(end_logits)} end logit rows"
         )
-    all_offsets = list(features["offset_mapping"])
+    all_offsets = whole_column(features, "offset_mapping")
     windows_of_example: dict[str, list[int]] = {}
     for feature_index, example_id in enumerate(feature_example_ids):
         windows_of_example.setdefault(example_id, []).append(feature_index)
 
     n_best: dict[str, list[dict[str, Any]]] = {}
-    for example_id, context in zip(examples["id"], examples["context"]):
+    for example_id, context in zip(whole_column(examples, "id"), whole_column(examples, "context")):
         candidates = []
         for feature_index in windows_of_example.get(example_id, []):
             candidates += _window_candidates(
@@ -322,10 +329,11 @@ def squad_v1_scores(gold_answers: Mapping[str, list[str]], predictions: Mapping[
 
 def gold_answers(examples) -> dict[str, list[str]]:
     """Question id → gold answer texts of examples with "id" and "answers" columns (a Dataset or a dict of lists)."""
-    return {example_id: answers["text"] for example_id, answers in zip(examples["id"], examples["answers"])}
+    return {example_id: answers["text"]
+            for example_id, answers in zip(whole_column(examples, "id"), whole_column(examples, "answers"))}
 
 
 def questions(examples) -> list[dict[str, str]]:
     """The examples as {"id", "question", "context"} records, the input of the torch-free answerer."""
     return [{"id": i, "question": q, "context": c}
-            for i, q, c in zip(examples["id"], examples["question"], examples["context"])]
+            for i, q, c in zip(*(whole_column(examples, name) for name in ("id", "question", "context")))]

@@ -23,12 +23,15 @@ from pipeline.runtime.squad import (
     batches_by_length,
     exact_match_score,
     f1_score,
+    gold_answers,
     n_best_predictions,
     normalize_answer,
     postprocess_predictions,
     prepare_train_features,
     prepare_validation_features,
+    questions,
     squad_v1_scores,
+    whole_column,
 )
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -326,6 +329,29 @@ def test_best_span_is_picked_across_windows(two_window_seine):
     assert [candidate["text"] for candidate in n_best[:2]] == ["flood covered the streets for weeks", "Seine"]
     assert n_best[0]["score"] == 10.0 and n_best[1]["score"] == 8.0
     assert postprocess_predictions(examples, features, start, end, max_answer_length=5) == {"seine-30-35": "Seine"}
+
+
+def test_datasets_give_the_answers_of_dicts_each_column_read_whole(two_window_seine, monkeypatch):
+    # A datasets.Dataset's column read row by row (iterated, or given to np.asarray) took seconds of every export
+    # stage; every reader here takes it in one go, as whole_column does, with the same values as from a dict.
+    examples, features = two_window_seine
+    flood, weeks = SEINE_CONTEXT.index("flood"), SEINE_CONTEXT.index("weeks")
+    last = len(features["input_ids"]) - 1
+    start = logits_with(features, {(last, token_position(features, last, flood)): 5.0})
+    end = logits_with(features, {(last, token_position(features, last, weeks)): 5.0})
+    from_dicts = (n_best_predictions(examples, features, start, end), gold_answers(examples), questions(examples))
+    example_table, feature_table = datasets.Dataset.from_dict(examples), datasets.Dataset.from_dict(features)
+
+    def row_by_row(column):
+        raise AssertionError(f"column {column.column_name!r} read row by row")
+
+    monkeypatch.setattr(datasets.arrow_dataset.Column, "__iter__", row_by_row)
+    assert (n_best_predictions(example_table, feature_table, start, end), gold_answers(example_table),
+            questions(example_table)) == from_dicts
+    assert from_dicts[0]["seine-30-35"][0]["text"] == "flood covered the streets for weeks"
+    ids = whole_column(feature_table.with_format("numpy"), "input_ids")
+    assert isinstance(ids, np.ndarray) and ids.tolist() == features["input_ids"]
+    assert whole_column(features, "example_id") == features["example_id"]
 
 
 def test_end_before_start_and_non_context_tokens_are_rejected(two_window_seine):
