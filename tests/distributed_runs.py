@@ -88,7 +88,9 @@ def run_distributed(base: Path) -> DistributedRuns:
     resumption on two nodes. Each command's output goes to a log file beside its run."""
     from tests.stage_fixtures import build_tiny_artifacts, tiny_config
 
-    artifacts = build_tiny_artifacts(base / "tiny", tiny_config())
+    # A student with dropout (init_student copies the teacher's): its draws come from each rank's global RNG, so the
+    # killed run's bit-for-bit resumption shows that every rank's RNG came back, not only its data position.
+    artifacts = build_tiny_artifacts(base / "tiny", tiny_config(teacher={"architecture": {"dropout": 0.1}}))
     commands = {name: distill_command(artifacts, base / name, processes=processes, batch_size=batch_size)
                 for name, processes, batch_size in (("two", 2, 8), ("one", 1, 16), ("killed", 2, 8))}
     processes = {name: start_logged(commands[name], base / f"{name}.log") for name in ("two", "one")}
