@@ -46,7 +46,7 @@ def dev_records_and_split(data_dir: Path, cfg):
     from pipeline.data.squad_loading import load_squad
 
     records, _ = load_squad(str(data_dir / "dev.jsonl"))
-    return records, split_for(records["context"], cfg, dev_source(cfg))
+    return records, split_for(squad.whole_column(records, "context"), cfg, dev_source(cfg))
 
 
 def gate_questions(data_dir: Path, model_dir: Path, cfg) -> GateQuestions:

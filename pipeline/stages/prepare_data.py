@@ -26,6 +26,7 @@ from pipeline.outputs.artifacts import atomic_write_json
 from pipeline.outputs.manifests import atomic_output_dir
 from pipeline.plan.config import ConfigError, PipelineConfig
 from pipeline.plan.data_sources import deploy_dev_source, looks_like_a_path
+from pipeline.runtime.squad import whole_column
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ def write_generated_corpus(cfg: PipelineConfig, synthetic_dir: Path, train: data
         shutil.copyfile(synthetic_dir / "corpus.txt", out_dir / GENERATED_CORPUS_FILE)
     elif data.corpus == "squad_contexts":
         with (out_dir / GENERATED_CORPUS_FILE).open("w", encoding="utf-8") as handle:
-            for context in dict.fromkeys(train["context"]):
+            for context in dict.fromkeys(whole_column(train, "context")):
                 handle.write(" ".join(context.split()) + "\n")  # one line per document
     else:
         source = corpus_source(data, out_dir)  # a missing local file stops the run here, with the key named
@@ -121,7 +122,8 @@ def run(cfg: PipelineConfig, out_dir: Path) -> dict:
         if cfg.data.max_dev_examples:
             dev = dev.select(range(min(cfg.data.max_dev_examples, len(dev))))
         n_corpus_documents = write_generated_corpus(cfg, synthetic_dir, train, tmp)
-        split = split_for(dev["context"], cfg, dev_set_name(cfg))  # refused here when too small, naming the key
+        # refused here when too small, naming the key
+        split = split_for(whole_column(dev, "context"), cfg, dev_set_name(cfg))
         write_jsonl(train, tmp / "train.jsonl")
         write_jsonl(dev, tmp / "dev.jsonl")
         (tmp / "dev.json").write_text(json.dumps(to_squad_v1_json(dev), ensure_ascii=False))
@@ -156,7 +158,8 @@ def run_for_deploy(cfg: PipelineConfig, out_dir: Path) -> dict:
         dev, dev_report = load_configured_squad(cfg, key, source, cfg.data.dev_split, OFFLINE_DEV_SET)
         if cfg.data.max_dev_examples:
             dev = dev.select(range(min(cfg.data.max_dev_examples, len(dev))))
-        split = split_for(dev["context"], cfg, f"{key} {configured}")  # refused here when too small, naming the key
+        # refused here when too small, naming the key
+        split = split_for(whole_column(dev, "context"), cfg, f"{key} {configured}")
         write_jsonl(dev, tmp / "dev.jsonl")
         (tmp / "dev.json").write_text(json.dumps(to_squad_v1_json(dev), ensure_ascii=False))
         metrics = {

@@ -341,6 +341,17 @@ def test_datasets_give_the_answers_of_dicts_each_column_read_whole(two_window_se
     end = logits_with(features, {(last, token_position(features, last, weeks)): 5.0})
     from_dicts = (n_best_predictions(examples, features, start, end), gold_answers(examples), questions(examples))
     example_table, feature_table = datasets.Dataset.from_dict(examples), datasets.Dataset.from_dict(features)
+    # the export modules' readers of the same windows: the ONNX parity windows and the CoreML fallback's mask
+    from pipeline.export.coreml_tuning import ProxyTuning
+    from pipeline.export.onnx_graph import windows_from_features
+
+    def export_readers():
+        windows = windows_from_features(feature_table)
+        mask = ProxyTuning(None, feature_table, {}, (start, end), np.zeros(1), "").mask
+        return (windows.example_ids, windows.input_ids.tolist(), windows.attention_mask.tolist(),
+                windows.token_type_ids.tolist(), windows.context_offsets, mask.tolist())
+
+    before_the_patch = export_readers()
 
     def row_by_row(column):
         raise AssertionError(f"column {column.column_name!r} read row by row")
@@ -348,6 +359,9 @@ def test_datasets_give_the_answers_of_dicts_each_column_read_whole(two_window_se
     monkeypatch.setattr(datasets.arrow_dataset.Column, "__iter__", row_by_row)
     assert (n_best_predictions(example_table, feature_table, start, end), gold_answers(example_table),
             questions(example_table)) == from_dicts
+    assert export_readers() == before_the_patch
+    assert before_the_patch[1] == features["input_ids"] and before_the_patch[5] == np.asarray(
+        features["attention_mask"]).astype(bool).tolist()
     assert from_dicts[0]["seine-30-35"][0]["text"] == "flood covered the streets for weeks"
     ids = whole_column(feature_table.with_format("numpy"), "input_ids")
     assert isinstance(ids, np.ndarray) and ids.tolist() == features["input_ids"]
