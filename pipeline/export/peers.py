@@ -2,8 +2,9 @@
 
 - torch-dynamic-int8: PyTorch's dynamic quantization (`torch.ao.quantization.quantize_dynamic` of every Linear
   layer to qint8) on the quantized engine that is fastest on this CPU. It quantizes at load time, its weights
-  packed for the engine then set: the build records its size on every engine this torch build supports, and the
-  benchmark times each engine and keeps the fastest.
+  packed for the engine then set: the build records its size on every engine this torch build supports for this
+  CPU (an engine for another CPU architecture, qnnpack on x86, is listed with why: torch_peer.engines_left_out), and
+  the benchmark times each engine and keeps the fastest.
 - onnx-ortquantizer-int8: optimum's `ORTQuantizer` with the `AutoQuantizationConfig` preset for this CPU
   (avx512_vnni, avx512, avx2 or arm64), dynamic (no calibration data), on optimum's plain fp32 export.
 - openvino-nncf-int8: OpenVINO's own path on x86: NNCF's post-training int8 (`nncf.quantize`, transformer model
@@ -22,7 +23,7 @@ from pathlib import Path
 
 # The torch peer is quantized in the process that times it (a dynamically quantized model is never a file), so its
 # recipe lives in the measurement layer
-from pipeline.measurement.torch_peer import torch_dynamic_int8, torch_engines
+from pipeline.measurement.torch_peer import engines_left_out, torch_dynamic_int8, torch_engines
 
 TORCH_PEER = "torch-dynamic-int8"
 ORT_PEER = "onnx-ortquantizer-int8"
@@ -84,7 +85,8 @@ def state_dict_megabytes(model) -> float:
 
 
 def torch_peer_megabytes(pytorch_dir: Path) -> dict[str, float]:
-    """state_dict_megabytes of the torch peer of the fp32 model in pytorch_dir, on every quantized engine."""
+    """state_dict_megabytes of the torch peer of the fp32 model in pytorch_dir, on every quantized engine of this CPU
+    (torch_engines)."""
     from transformers import AutoModelForQuestionAnswering
 
     fp32 = AutoModelForQuestionAnswering.from_pretrained(pytorch_dir).eval()

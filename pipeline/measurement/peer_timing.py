@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from pipeline.measurement.latency import fastest_first, time_in_blocks, time_in_turn
 from pipeline.measurement.runners import load_pytorch, runner
-from pipeline.measurement.torch_peer import torch_dynamic_int8, torch_engines
+from pipeline.measurement.torch_peer import engines_left_out, torch_dynamic_int8, torch_engines
 from pipeline.plan.config import BenchmarkConfig
 
 
 def search_torch_engine(item: dict, cfg: BenchmarkConfig) -> dict:
-    """The torch peer on every quantized engine this torch build has, timed round-robin at the longest length with
-    1 thread (cfg.search_runs each after cfg.warmup), so drift in machine speed hits every engine alike."""
+    """The torch peer on every quantized engine this torch build has for this CPU (torch_peer.torch_engines: those for
+    another CPU architecture are listed with why in "engines_left_out"), timed round-robin at the longest length
+    with 1 thread (cfg.search_runs each after cfg.warmup), so drift in machine speed hits every engine alike."""
     import torch
 
     torch.set_num_threads(1)
@@ -29,7 +30,7 @@ def search_torch_engine(item: dict, cfg: BenchmarkConfig) -> dict:
 
     engines = time_in_turn({engine: on_engine(engine) for engine in torch_engines()}, cfg.search_runs, cfg.warmup)
     return {"sequence_length": length, "threads": 1, "runs": cfg.search_runs, "engines": engines,
-            "choice": fastest_first(engines)[0]}
+            "engines_left_out": engines_left_out(), "choice": fastest_first(engines)[0]}
 
 
 def peers_in_turn_with_ours(peers: list[dict], ours: dict, cfg: BenchmarkConfig) -> dict:

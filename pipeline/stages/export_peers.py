@@ -4,8 +4,8 @@ benchmark can time them beside our int8 graph (pipeline.export.peers).
   onnx-ortquantizer-int8  optimum's ORTQuantizer with the AutoQuantizationConfig preset for this CPU, dynamic, on
                           export_full_size's plain fp32 export: <peer>/model_quantized.onnx
   torch-dynamic-int8      torch.ao dynamic int8 of every Linear layer; it quantizes at load time, on the engine set
-                          then, so what is built here is its size on every quantized engine (the benchmark times
-                          each engine and keeps the fastest)
+                          then, so what is built here is its size on every quantized engine of this CPU (the
+                          benchmark times each engine and keeps the fastest)
   openvino-nncf-int8      NNCF's post-training int8 of the plain fp32 export as an OpenVINO model, calibrated on the
                           random windows our static recipes calibrate on: <peer>/openvino_model.xml (and .bin)
 Only the peers named (benchmark.timed_full_size) are built. peers.json records each built peer (path, precision,
@@ -37,8 +37,11 @@ def run(cfg: PipelineConfig, full_size_dir: Path, peers: str, out_dir: Path) -> 
     built, skipped = {}, {}
     with atomic_output_dir(out_dir, cfg) as tmp:
         if peer_paths.TORCH_PEER in peer_names:
-            logger.info("sizing %s/%s on every quantized engine", architecture, peer_paths.TORCH_PEER)
-            built[peer_paths.TORCH_PEER] = {"size_mb_by_engine": peer_paths.torch_peer_megabytes(full_size_dir / "pytorch")}
+            logger.info("sizing %s/%s on every quantized engine of this CPU", architecture, peer_paths.TORCH_PEER)
+            built[peer_paths.TORCH_PEER] = {
+                "size_mb_by_engine": peer_paths.torch_peer_megabytes(full_size_dir / "pytorch"),
+                "engines_left_out": peer_paths.engines_left_out(),  # built for another CPU architecture, with why
+            }
         if peer_paths.ORT_PEER in peer_names:
             try:
                 preset = peer_paths.ort_preset(cpu_description()["simd_flags"])

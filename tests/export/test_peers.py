@@ -10,6 +10,7 @@ import torch
 
 from pipeline.export import onnx_graph, peers
 from pipeline.measurement import workers
+from pipeline.measurement.torch_peer import listed_engines
 from pipeline.reporting import markdown, summary
 from pipeline.stages import benchmark, export_peers
 from tests.stage_fixtures import tiny_config
@@ -155,6 +156,9 @@ def test_export_peers_builds_the_named_peers_and_the_benchmark_times_them(tiny_f
     assert built["architecture"] == "distilbert" and built["skipped"] == {}
     sizes = built["peers"][peers.TORCH_PEER]["size_mb_by_engine"]
     assert set(sizes) == set(peers.torch_engines()) and all(size > 0 for size in sizes.values())
+    # every engine torch lists is sized, or named with why it is not
+    left_out = built["peers"][peers.TORCH_PEER]["engines_left_out"]
+    assert set(sizes) | set(left_out) == set(listed_engines()) and not set(sizes) & set(left_out)
     ort_built = built["peers"][peers.ORT_PEER]
     assert (root / "peers" / "distilbert" / ort_built["path"]).is_file()
     assert ort_built["quantization"]["is_static"] is False and ort_built["precision"].startswith("int8-ortquantizer-")
@@ -189,6 +193,7 @@ def test_export_peers_builds_the_named_peers_and_the_benchmark_times_them(tiny_f
     torch_peer, ort_peer = items["distilbert/torch-dynamic-int8"], items["distilbert/onnx-ortquantizer-int8"]
     search = torch_peer["engine_search"]
     assert set(search["engines"]) == set(peers.torch_engines())
+    assert set(search["engines"]) | set(search["engines_left_out"]) == set(listed_engines())
     assert torch_peer["engine"] == min(search["engines"], key=lambda e: search["engines"][e]["p50"])
     assert torch_peer["size_mb"] == sizes[torch_peer["engine"]]
     assert torch_peer["tool"].endswith(f"engine {torch_peer['engine']})")
