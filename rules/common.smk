@@ -147,10 +147,12 @@ FIRST_SLURM_NODE_ENDPOINT = '"$(scontrol show hostnames "$SLURM_JOB_NODELIST" | 
 
 def search_config():
     """The settings the int8 search reads: its timing settings, not the rest of the benchmark section (a change of
-    benchmark.runs does not search again), and the exported models whose gate verdicts it reads."""
+    benchmark.runs does not search again), the exported models whose gate verdicts it reads and the latency tie
+    (export.quantize.latency_tie_fraction) within which it keeps onnxruntime's default session options."""
     keys = ("sequence_lengths", "warmup", "search_runs", "session_options")
+    tie = {"latency_tie_fraction": FULL["export"]["quantize"]["latency_tie_fraction"]}
     return json.dumps({"benchmark": {key: FULL["benchmark"][key] for key in keys}, "deploy": FULL["deploy"],
-                       "export": {"models": FULL["export"]["models"]}}, sort_keys=True)
+                       "export": {"models": FULL["export"]["models"], "quantize": tie}}, sort_keys=True)
 
 
 def training_config(*sections):

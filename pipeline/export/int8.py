@@ -273,6 +273,27 @@ def recipes_passing_everywhere(root: Path, cfg: PipelineConfig) -> tuple[list[st
     return names, verdicts, f"the bundled model ({shipped}) only: no recipe passed on every exported model"
 
 
+DEFAULT_OPTIONS = "default"  # onnxruntime's own session options (benchmark.session_options)
+
+
+def default_options_within_tie(timings: dict[str, dict[str, float]], pairs: dict[str, tuple[str, str]],
+                               fastest: str, tie_fraction: float) -> tuple[str, str]:
+    """The key of `timings` (recipe|options, `pairs` maps it to both) the search chooses, and why: the fastest, unless
+    it runs with other session options than onnxruntime's default and its recipe with the default ones is within
+    tie_fraction of it (export.quantize.latency_tie_fraction, the bundle's own tie): then that one, so the choice
+    does not follow noise and an app needs no special session options for a gain no larger than the noise."""
+    recipe, options = pairs[fastest]
+    with_default = f"{recipe}|{DEFAULT_OPTIONS}"
+    if options == DEFAULT_OPTIONS or with_default not in timings:
+        return fastest, "the fastest median"
+    fast_ms, default_ms = timings[fastest]["p50"], timings[with_default]["p50"]
+    if default_ms - fast_ms > tie_fraction * fast_ms:
+        return fastest, (f"the fastest median: {options} {fast_ms} ms against {default_ms} ms with the default "
+                         f"options, beyond the {tie_fraction:.0%} tie")
+    return with_default, (f"a tie: {options} {fast_ms} ms against {default_ms} ms with the default options, "
+                          f"within {tie_fraction:.0%}, so the default options")
+
+
 def search_int8(root: Path, cfg: PipelineConfig) -> dict:
     """The fastest gate-passing int8 recipe of the full-size DistilBERT, with its session options and runner-up."""
     bcfg = cfg.benchmark
@@ -293,7 +314,8 @@ def search_int8(root: Path, cfg: PipelineConfig) -> dict:
                              runs=bcfg.search_runs, warmup=bcfg.warmup,
                              option_sets={key: options for key, (_, options) in pairs.items()})
     ranked = fastest_first(second)
-    best_recipe, best_options = pairs[ranked[0]]
+    best, decided_by = default_options_within_tie(second, pairs, ranked[0], cfg.export.quantize.latency_tie_fraction)
+    best_recipe, best_options = pairs[best]
     runner_up = next((key for key in ranked if pairs[key][0] != best_recipe), ranked[1] if len(ranked) > 1 else None)
     return {
         "sequence_length": length, "threads": 1, "runs": bcfg.search_runs, "gates_decided_on": decided_on,
@@ -303,7 +325,8 @@ def search_int8(root: Path, cfg: PipelineConfig) -> dict:
                               for name in full_size["int8_recipes"] if name not in passing},
         "session_options": {key: {"recipe": name, "session_options": options, "latency_ms": second[key]}
                             for key, (name, options) in pairs.items()},
-        "choice": {"recipe": best_recipe, "session_options": best_options, "latency_ms": second[ranked[0]]},
+        "choice": {"recipe": best_recipe, "session_options": best_options, "latency_ms": second[best],
+                   "decided_by": decided_by},
         "runner_up": None if runner_up is None else {"recipe": pairs[runner_up][0],
                                                      "session_options": pairs[runner_up][1],
                                                      "latency_ms": second[runner_up]},

@@ -223,8 +223,9 @@ def search_section(search: dict) -> list[str]:
     for entry in sorted(search["session_options"].values(), key=lambda e: e["latency_ms"]["p50"]):
         lines.append(f"| {entry['recipe']} | {entry['session_options']} | {entry['latency_ms']['p50']:.1f} | "
                      f"{entry['latency_ms']['p90']:.1f} |")
+    decided_by = f"; {choice['decided_by']}" if choice.get("decided_by") else ""  # runs recorded before it
     lines += ["", f"Chosen: **{choice['recipe']}** with session options '{choice['session_options']}' "
-                  f"(p50 {choice['latency_ms']['p50']:.1f} ms)."]
+                  f"(p50 {choice['latency_ms']['p50']:.1f} ms{decided_by})."]
     if runner_up:
         lines.append(f"Runner-up: {runner_up['recipe']} with '{runner_up['session_options']}' "
                      f"(p50 {runner_up['latency_ms']['p50']:.1f} ms).")

@@ -57,9 +57,13 @@ def test_the_search_times_only_recipes_that_passed_on_every_model_and_writes_its
     assert search["rejected_by_gates"] == {"int8-plain-qoperator-channel-attfp32": {
         "student": True, "student_ce_only": True, "teacher": False}}
     assert len(search["session_options"]) == 4  # two finalists x two option sets
-    fastest = min(search["session_options"].values(), key=lambda e: e["latency_ms"]["p50"])
-    assert (search["choice"]["recipe"], search["choice"]["session_options"]) == (fastest["recipe"],
-                                                                               fastest["session_options"])
+    timings = {key: entry["latency_ms"] for key, entry in search["session_options"].items()}
+    pairs = {key: (entry["recipe"], entry["session_options"]) for key, entry in search["session_options"].items()}
+    fastest = min(timings, key=lambda key: timings[key]["p50"])
+    chosen, decided_by = int8.default_options_within_tie(timings, pairs, fastest, 0.05)  # test.yaml's tie
+    assert (search["choice"]["recipe"], search["choice"]["session_options"]) == pairs[chosen]
+    assert search["choice"]["decided_by"] == decided_by and search["choice"]["latency_ms"] == timings[chosen]
+    assert search["choice"]["recipe"] == pairs[fastest][0]  # the tie only ever changes the options
     assert search["runner_up"]["recipe"] != search["choice"]["recipe"]
     assert json.loads((tmp_path / "int8_search" / "int8_search.json").read_text()) == search
     choice = json.loads((tmp_path / "int8_search" / "choice.json").read_text())
@@ -75,3 +79,32 @@ def test_with_no_recipe_passing_anywhere_the_search_stops_naming_the_verdicts(se
     with pytest.raises(GateError, match="no int8 recipe of the full-size build passed its gates"):
         int8_search.run(search_config(), root, tmp_path / "int8_search")
     assert not (tmp_path / "int8_search" / "choice.json").exists()
+
+
+PAIRS = {"a|default": ("a", "default"), "a|denormals-as-zero": ("a", "denormals-as-zero"),
+         "b|default": ("b", "default"), "b|denormals-as-zero": ("b", "denormals-as-zero")}
+
+
+def timings(**p50):
+    return {key.replace("_daz", "|denormals-as-zero").replace("_default", "|default"): {"p50": ms, "p90": ms + 1}
+            for key, ms in p50.items()}
+
+
+def test_other_session_options_win_only_beyond_the_tie():
+    """The recipe of the fastest pair keeps onnxruntime's default options where they are within the tie of it (the
+    bundle's export.quantize.latency_tie_fraction); options beyond it, or a fastest pair with default options, are
+    taken as they are; the recipe never changes."""
+    within = timings(a_daz=100.0, a_default=104.0, b_daz=101.0, b_default=102.0)
+    chosen, why = int8.default_options_within_tie(within, PAIRS, "a|denormals-as-zero", 0.05)
+    assert chosen == "a|default" and why.startswith("a tie: denormals-as-zero 100.0 ms against 104.0 ms")
+    beyond = timings(a_daz=100.0, a_default=106.0, b_daz=101.0, b_default=102.0)
+    chosen, why = int8.default_options_within_tie(beyond, PAIRS, "a|denormals-as-zero", 0.05)
+    assert chosen == "a|denormals-as-zero" and "beyond the 5% tie" in why
+    chosen, why = int8.default_options_within_tie(within, PAIRS, "a|denormals-as-zero", 0.0)
+    assert chosen == "a|denormals-as-zero"  # no tie at all
+    default_fastest = timings(a_daz=101.0, a_default=100.0, b_daz=103.0, b_default=102.0)
+    assert int8.default_options_within_tie(default_fastest, PAIRS, "a|default", 0.05) == ("a|default",
+                                                                                          "the fastest median")
+    without_default = {"a|denormals-as-zero": {"p50": 100.0, "p90": 101.0}}
+    assert int8.default_options_within_tie(without_default, PAIRS, "a|denormals-as-zero", 0.05)[0] == \
+        "a|denormals-as-zero"  # benchmark.session_options without "default": nothing to keep
