@@ -6,9 +6,9 @@ model (quantize_onnx) is timed at the longest benchmarked length with 1 thread, 
 again under each configured session option set (benchmark.session_options), and the fastest pair is the choice
 (its runner-up and every timing recorded in int8_search.json), except that its recipe keeps onnxruntime's default
 session options where those are within export.quantize.latency_tie_fraction of it (the bundle's tie: a gain within
-the noise is not worth special options in an app; the choice says what decided it). choice.json holds the chosen recipe alone: the
-full-size builds that apply it (export_full_size_int8) read only that file, so a later search that picks the same
-recipe rebuilds nothing. The rule takes every core Snakemake has, so nothing runs beside the timed runs.
+the noise is not worth special options in an app; the choice says what decided it). choice.json holds the chosen
+recipe alone: the full-size builds that apply it (export_full_size_int8) read only that file, so a later search that
+picks the same recipe rebuilds nothing. The rule takes every core Snakemake has, so nothing runs beside the timed runs.
 """
 
 from __future__ import annotations
