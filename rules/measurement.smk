@@ -3,7 +3,8 @@
 
 
 # Which int8 recipe and session options the full-size DistilBERT runs fastest with, among the recipes that passed
-# their gates on every exported model. It times: it takes every core, so nothing runs beside the timed runs.
+# their gates on every exported model (onnxruntime's default options where they are within the latency tie). It
+# times: it takes every core, so nothing runs beside the timed runs.
 rule int8_search:
     input:
         full_size=f"{ROOT}/full_size/distilbert",

@@ -278,20 +278,21 @@ DEFAULT_OPTIONS = "default"  # onnxruntime's own session options (benchmark.sess
 
 def default_options_within_tie(timings: dict[str, dict[str, float]], pairs: dict[str, tuple[str, str]],
                                fastest: str, tie_fraction: float) -> tuple[str, str]:
-    """The key of `timings` (recipe|options, `pairs` maps it to both) the search chooses, and why: the fastest, unless
-    it runs with other session options than onnxruntime's default and its recipe with the default ones is within
-    tie_fraction of it (export.quantize.latency_tie_fraction, the bundle's own tie): then that one, so the choice
-    does not follow noise and an app needs no special session options for a gain no larger than the noise."""
-    recipe, options = pairs[fastest]
-    with_default = f"{recipe}|{DEFAULT_OPTIONS}"
-    if options == DEFAULT_OPTIONS or with_default not in timings:
+    """The key of `timings` (`pairs` maps it to its recipe and session options) the search chooses, and why: the
+    fastest, unless it runs with other session options than onnxruntime's default and the fastest pair with the
+    default ones is within tie_fraction of it (export.quantize.latency_tie_fraction, the bundle's own tie): then
+    that one, so the choice does not follow noise and an app needs no special session options for a gain no larger
+    than the noise."""
+    options = pairs[fastest][1]
+    with_default = [key for key in fastest_first(timings) if pairs[key][1] == DEFAULT_OPTIONS]
+    if options == DEFAULT_OPTIONS or not with_default:
         return fastest, "the fastest median"
-    fast_ms, default_ms = timings[fastest]["p50"], timings[with_default]["p50"]
+    fast_ms, default_ms = timings[fastest]["p50"], timings[with_default[0]]["p50"]
     if default_ms - fast_ms > tie_fraction * fast_ms:
-        return fastest, (f"the fastest median: {options} {fast_ms} ms against {default_ms} ms with the default "
-                         f"options, beyond the {tie_fraction:.0%} tie")
-    return with_default, (f"a tie: {options} {fast_ms} ms against {default_ms} ms with the default options, "
-                          f"within {tie_fraction:.0%}, so the default options")
+        return fastest, (f"the fastest median: {options} {fast_ms} ms against {default_ms} ms at best with the "
+                         f"default options, beyond the {tie_fraction:.0%} tie")
+    return with_default[0], (f"a tie: {options} {fast_ms} ms against {default_ms} ms with the default options, "
+                             f"within {tie_fraction:.0%}, so the default options")
 
 
 def search_int8(root: Path, cfg: PipelineConfig) -> dict:
@@ -316,7 +317,8 @@ def search_int8(root: Path, cfg: PipelineConfig) -> dict:
     ranked = fastest_first(second)
     best, decided_by = default_options_within_tie(second, pairs, ranked[0], cfg.export.quantize.latency_tie_fraction)
     best_recipe, best_options = pairs[best]
-    runner_up = next((key for key in ranked if pairs[key][0] != best_recipe), ranked[1] if len(ranked) > 1 else None)
+    others = [key for key in ranked if key != best]  # the runner-up is never the choice itself
+    runner_up = next((key for key in others if pairs[key][0] != best_recipe), others[0] if others else None)
     return {
         "sequence_length": length, "threads": 1, "runs": bcfg.search_runs, "gates_decided_on": decided_on,
         "candidates": {name: {"recipe": full_size["int8_recipes"][name], "latency_ms": first[name]}

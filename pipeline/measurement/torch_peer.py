@@ -11,7 +11,7 @@ import platform
 
 TORCH_DYNAMIC_INT8 = "int8-dynamic"  # the precision of the torch peer's benchmark entries
 
-X86_MACHINES = ("x86_64", "amd64", "i386", "i686")  # platform.machine() on an x86 CPU
+X86_MACHINES = ("x86_64", "amd64", "x86", "i386", "i686")  # platform.machine() on an x86 CPU
 # Engines built for another CPU architecture than this machine's, which torch nonetheless lists, and why none of them
 # can be the fastest here. qnnpack (QNNPACK) is torch's engine for ARM phones: its x86 kernels go no further than
 # SSE2, and in the engine search of every reference run on the AMD EPYC with AVX2 only it took 3.4 to 3.5 times as

@@ -14,7 +14,8 @@ architectures (export_full_size), their searched int8 graphs (int8_search, expor
   count, one process per artifact whose peak resident memory is recorded (pipeline.measurement.workers). CoreML
   cannot run on Linux: its latency is null, with the reason.
 - int8 search (rule int8_search, copied into benchmark.json): the fastest gate-passing int8 recipe and session
-  options of the full-size DistilBERT are "distilbert/onnx-int8-optimized"; export_full_size_int8 built
+  options of the full-size DistilBERT (the default options where they are within the latency tie) are
+  "distilbert/onnx-int8-optimized"; export_full_size_int8 built
   bert-base's graph with the same recipe, so "bert-base/onnx-int8-optimized" is the same path applied to BERT-base.
 - peers: the int8 paths a user would otherwise pick (export_peers), timed like every artifact and, at every thread
   count, in turn with our graph in one process; the torch peer on every quantized engine first, the fastest kept.

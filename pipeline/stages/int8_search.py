@@ -4,9 +4,9 @@
 Every int8 recipe of the full-size DistilBERT (export_full_size) that passed its accuracy gates on every trained
 model (quantize_onnx) is timed at the longest benchmarked length with 1 thread, in turn; the two fastest are timed
 again under each configured session option set (benchmark.session_options), and the fastest pair is the choice
-(its runner-up and every timing recorded in int8_search.json), except that its recipe keeps onnxruntime's default
-session options where those are within export.quantize.latency_tie_fraction of it (the bundle's tie: a gain within
-the noise is not worth special options in an app; the choice says what decided it). choice.json holds the chosen
+(its runner-up and every timing recorded in int8_search.json), except that the fastest pair with onnxruntime's
+default session options is where it is within export.quantize.latency_tie_fraction of that one (the bundle's tie: a
+gain within the noise is not worth special options in an app; the choice says what decided it). choice.json holds the chosen
 recipe alone: the full-size builds that apply it (export_full_size_int8) read only that file, so a later search that
 picks the same recipe rebuilds nothing. The rule takes every core Snakemake has, so nothing runs beside the timed runs.
 """

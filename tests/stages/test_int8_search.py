@@ -60,10 +60,10 @@ def test_the_search_times_only_recipes_that_passed_on_every_model_and_writes_its
     timings = {key: entry["latency_ms"] for key, entry in search["session_options"].items()}
     pairs = {key: (entry["recipe"], entry["session_options"]) for key, entry in search["session_options"].items()}
     fastest = min(timings, key=lambda key: timings[key]["p50"])
-    chosen, decided_by = int8.default_options_within_tie(timings, pairs, fastest, 0.05)  # test.yaml's tie
+    tie = search_config().export.quantize.latency_tie_fraction
+    chosen, decided_by = int8.default_options_within_tie(timings, pairs, fastest, tie)
     assert (search["choice"]["recipe"], search["choice"]["session_options"]) == pairs[chosen]
     assert search["choice"]["decided_by"] == decided_by and search["choice"]["latency_ms"] == timings[chosen]
-    assert search["choice"]["recipe"] == pairs[fastest][0]  # the tie only ever changes the options
     assert search["runner_up"]["recipe"] != search["choice"]["recipe"]
     assert json.loads((tmp_path / "int8_search" / "int8_search.json").read_text()) == search
     choice = json.loads((tmp_path / "int8_search" / "choice.json").read_text())
@@ -91,13 +91,15 @@ def timings(**p50):
 
 
 def test_other_session_options_win_only_beyond_the_tie():
-    """The recipe of the fastest pair keeps onnxruntime's default options where they are within the tie of it (the
-    bundle's export.quantize.latency_tie_fraction); options beyond it, or a fastest pair with default options, are
-    taken as they are; the recipe never changes."""
+    """The fastest pair with onnxruntime's default options is chosen where it is within the tie of the fastest pair
+    (the bundle's export.quantize.latency_tie_fraction); options beyond it, or a fastest pair with default options,
+    are taken as they are."""
     within = timings(a_daz=100.0, a_default=104.0, b_daz=101.0, b_default=102.0)
     chosen, why = int8.default_options_within_tie(within, PAIRS, "a|denormals-as-zero", 0.05)
-    assert chosen == "a|default" and why.startswith("a tie: denormals-as-zero 100.0 ms against 104.0 ms")
-    beyond = timings(a_daz=100.0, a_default=106.0, b_daz=101.0, b_default=102.0)
+    assert chosen == "b|default" and why.startswith("a tie: denormals-as-zero 100.0 ms against 102.0 ms")
+    same_recipe = timings(a_daz=100.0, a_default=104.0, b_daz=101.0, b_default=106.0)
+    assert int8.default_options_within_tie(same_recipe, PAIRS, "a|denormals-as-zero", 0.05)[0] == "a|default"
+    beyond = timings(a_daz=100.0, a_default=106.0, b_daz=101.0, b_default=105.5)
     chosen, why = int8.default_options_within_tie(beyond, PAIRS, "a|denormals-as-zero", 0.05)
     assert chosen == "a|denormals-as-zero" and "beyond the 5% tie" in why
     chosen, why = int8.default_options_within_tie(within, PAIRS, "a|denormals-as-zero", 0.0)
@@ -108,3 +110,23 @@ def test_other_session_options_win_only_beyond_the_tie():
     without_default = {"a|denormals-as-zero": {"p50": 100.0, "p90": 101.0}}
     assert int8.default_options_within_tie(without_default, PAIRS, "a|denormals-as-zero", 0.05)[0] == \
         "a|denormals-as-zero"  # benchmark.session_options without "default": nothing to keep
+
+
+def test_with_one_recipe_passing_the_runner_up_is_never_the_choice(searched_root, tmp_path, monkeypatch):
+    """One finalist, its default options within the tie of its fastest options: the choice takes the default ones,
+    and the runner-up is the other option set, not the choice again."""
+    root = tmp_path / "root"
+    shutil.copytree(searched_root, root)
+    for model_name in TRAINED_MODELS:
+        path = root / "quantized" / model_name / "quantize.json"
+        path.write_text(json.dumps({"variants": {name: {"passed": name == "int8"} for name in RECIPES}}))
+    p50 = {"int8|default": 101.0, "int8|denormals-as-zero": 100.0}
+
+    def compare_latency(paths, *args, option_sets=None, **kwargs):
+        return {key: {"p50": p50.get(key, 100.0), "p90": p50.get(key, 100.0) + 1} for key in paths}
+
+    monkeypatch.setattr(int8, "compare_latency", compare_latency)
+    search = int8_search.run(search_config(), root, tmp_path / "int8_search")
+    assert (search["choice"]["recipe"], search["choice"]["session_options"]) == ("int8", "default")
+    assert search["choice"]["decided_by"].startswith("a tie")
+    assert (search["runner_up"]["recipe"], search["runner_up"]["session_options"]) == ("int8", "denormals-as-zero")

@@ -432,8 +432,8 @@ class QuantizeConfig:
     latency_tie_fraction: float = option(
         0.05,
         "Median latencies closer than this fraction count as a tie, broken by the smaller file: the bundle then "
-        "does not change with timing noise between builds. The full-size int8 search (rule int8_search) keeps "
-        "onnxruntime's default session options where another set is not faster by more than this.",
+        "does not change with timing noise between builds. The full-size int8 search (rule int8_search) takes its "
+        "fastest pair with onnxruntime's default session options where it is within this of the fastest pair.",
         minimum=0.0, maximum=1.0,
     )
 
