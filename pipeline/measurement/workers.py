@@ -78,6 +78,14 @@ def same_run_as(item: dict, by_name: dict[str, dict]) -> str | None:
     return sibling["name"] if sibling is not None and sibling["timed"] else None
 
 
+def graph_run_key(item: dict) -> tuple | None:
+    """What decides an onnxruntime timing of our own graphs: the graph file, the session options and the timed runs
+    (a peer's graph is a file of its own); None for the other formats."""
+    if item["format"] != "onnx" or item.get("peer_of"):
+        return None
+    return str(Path(item["path"]).resolve()), item.get("session_options") or "default", item.get("runs")
+
+
 def time_artifacts(items: list[dict], cfg: BenchmarkConfig) -> None:
     """Time every benchmark entry in place, each in its own process: its "latency_ms" and "peak_rss_mib" (null for
     one not timed), over item["runs"] timed runs where the entry says (the full-size ones), else cfg.runs. A peer
@@ -85,12 +93,23 @@ def time_artifacts(items: list[dict], cfg: BenchmarkConfig) -> None:
     graph in one process at every length and thread count ("interleaved_with_ours", which is also its latency
     table), over our graph's runs (its "runs"): its own process then only measures its peak memory (memory_run). A
     peer whose graph of ours was not timed is timed alone. An OpenVINO entry its CPU plugin refuses is left untimed,
-    saying why; so is a "-default" one that repeats its "-f32" sibling on this CPU (same_run_as)."""
+    saying why; so is a "-default" one that repeats its "-f32" sibling on this CPU (same_run_as). An ONNX entry
+    whose graph file, session options and runs an earlier entry was timed with (the int8 search's choice when it is
+    the naive graph with the default options) takes that entry's figures and names it (same_run_as): one
+    configuration, one figure."""
     by_name = {item["name"]: item for item in items}
     in_turn_with: dict[str, list[dict]] = {}  # our graph's name: its peers, timed in turn with it
+    timed_graph_runs: dict[tuple, str] = {}  # graph_run_key: the entry timed with it
     for item in items:
         if not item["timed"]:
             item["latency_ms"], item["peak_rss_mib"] = None, None
+            continue
+        key = graph_run_key(item)
+        if key in timed_graph_runs:
+            first = by_name[timed_graph_runs[key]]
+            item.update(latency_ms=first["latency_ms"], peak_rss_mib=first["peak_rss_mib"], same_run_as=first["name"],
+                        latency_timing=f"the same run as {first['name']}: the same graph file, session options and "
+                                       "runs")
             continue
         ours = by_name.get(item.get("peer_of"))
         in_turn = ours is not None and ours["timed"] and ours.get("latency_ms") is not None
@@ -108,6 +127,8 @@ def time_artifacts(items: list[dict], cfg: BenchmarkConfig) -> None:
             item.update(timed=False, latency_ms=None, peak_rss_mib=None,
                         untimed_reason=f"OpenVINO did not run it on this machine ({error})")
             continue
+        if key is not None:
+            timed_graph_runs[key] = item["name"]
         repeated = same_run_as(item, by_name)
         if repeated is not None:
             # timing it would time the sibling's run again (about a minute per peer on the slowest CPU kind)

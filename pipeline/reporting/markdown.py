@@ -120,7 +120,8 @@ def artifact_table(items: list[dict], cfg: PipelineConfig) -> str:
              "|---|---|---|---|---|" + "---|" * len(columns) + "---|"]
     for item in items:
         cells = [latency_text(item, n, t) for n in lengths for t in threads]
-        lines.append(f"| {item['name']} | {fmt(item['size_mb'], 3)} | {fmt(item['exact_match'])} | {fmt(item['f1'])} | "
+        name = f"{item['name']} (the same run as {item['same_run_as']})" if item.get("same_run_as") else item["name"]
+        lines.append(f"| {name} | {fmt(item['size_mb'], 3)} | {fmt(item['exact_match'])} | {fmt(item['f1'])} | "
                      f"{item['f1_source'] or '—'} | " + " | ".join(cells) + f" | {fmt(item['peak_rss_mib'], 0)} |")
     return "\n".join(lines)
 

@@ -18,7 +18,7 @@ PAPER_CPU_SPEEDUP = 1.6  # "60 % faster" than BERT-base on CPU (Sanh et al. 2019
 
 SUMMARY_FIELDS = ("name", "model", "format", "precision", "path", "size_mb", "exact_match", "f1", "f1_source",
                   "latency_ms", "untimed_reason", "peak_rss_mib", "recipe", "session_options", "runtime",
-                  "runtime_precision")
+                  "runtime_precision", "same_run_as")
 
 
 OPTIMIZED_INT8 = "distilbert/onnx-int8-optimized"  # the search's fastest gate-passing recipe (rule int8_search)

@@ -9,14 +9,13 @@ architectures (export_full_size), their searched int8 graphs (int8_search, expor
   answerer, PyTorch from training, CoreML from its PyTorch-side proxy); null for the random-weight full-size
   architectures.
 - latency: batch 1, every configured length and thread count, p50 and p90 over `runs` timed runs after `warmup`
-  (`full_size_runs` for a full-size architecture's rows and its peers' blocks)
-  (pipeline.measurement.latency, the pipeline's one timer); onnxruntime sessions and torch pinned to the thread
-  count, one process per artifact whose peak resident memory is recorded (pipeline.measurement.workers). CoreML
-  cannot run on Linux: its latency is null, with the reason.
+  (`full_size_runs` for a full-size architecture's rows and its peers' blocks) (pipeline.measurement.latency, the
+  pipeline's one timer); onnxruntime sessions and torch pinned to the thread count, one process per artifact whose
+  peak resident memory is recorded (pipeline.measurement.workers). CoreML cannot run on Linux: null, with why.
 - int8 search (rule int8_search, copied into benchmark.json): the fastest gate-passing int8 recipe and session
   options of the full-size DistilBERT (the default options where they are within the latency tie) are
-  "distilbert/onnx-int8-optimized"; export_full_size_int8 built
-  bert-base's graph with the same recipe, so "bert-base/onnx-int8-optimized" is the same path applied to BERT-base.
+  "distilbert/onnx-int8-optimized" (the naive row's run, same_run_as, where that is the choice); export_full_size_int8
+  built bert-base's graph with the same recipe: "bert-base/onnx-int8-optimized" is the same path applied to BERT-base.
 - peers: the int8 paths a user would otherwise pick (export_peers), timed like every artifact and, at every thread
   count, in turn with our graph in one process; the torch peer on every quantized engine first, the fastest kept.
 - GEMM floor: the full-size DistilBERT int8 graph's MatMulInteger nodes alone (export_gemm_floor), timed like the
@@ -158,9 +157,12 @@ def floor_and_profiles(root: Path, cfg: PipelineConfig, int8_search: dict,
                   "latency_ms": time_gemm_floor(root / "gemm_floor" / floor["path"], bcfg)}
     distilbert = root / "full_size" / "distilbert"
     vocab_size = model_shape(distilbert / "pytorch" / "config.json")["vocab_size"]
-    graphs = {"distilbert/onnx-int8": NAIVE_INT8, "distilbert/onnx-int8-optimized": int8_search["choice"]["recipe"]}
-    profiles = profile_graphs({name: distilbert / "onnx" / graph / "model.onnx" for name, graph in graphs.items()},
-                              longest, vocab_size, bcfg.profile_runs)
+    chosen = int8_search["choice"]["recipe"]
+    graphs = {"distilbert/onnx-int8": distilbert / "onnx" / NAIVE_INT8 / "model.onnx"}
+    if chosen != NAIVE_INT8:  # else the same file, profiled once (the profiler takes no session options)
+        graphs["distilbert/onnx-int8-optimized"] = distilbert / "onnx" / chosen / "model.onnx"
+    profiles = profile_graphs(graphs, longest, vocab_size, bcfg.profile_runs)
+    profiles.setdefault("distilbert/onnx-int8-optimized", profiles["distilbert/onnx-int8"])
     for item in peer_items:
         if item["format"] == "openvino" and item["model"] == "distilbert" and item["timed"]:
             profiles[item["name"]], _ = in_spawned_process(peers.openvino_profile, Path(item["path"]),
@@ -183,9 +185,8 @@ def run(cfg: PipelineConfig, root: Path, out_dir: Path) -> dict:
     metrics = {
         "machine": machine_description(),
         "settings": {"sequence_lengths": bcfg.sequence_lengths, "threads": bcfg.threads, "runs": bcfg.runs,
-                     "full_size_runs": bcfg.full_size_runs,
-                     "warmup": bcfg.warmup, "batch_size": 1, "in_turn_block_runs": BLOCK_RUNS,
-                     "in_turn_settle_s": SETTLE_S},
+                     "full_size_runs": bcfg.full_size_runs, "warmup": bcfg.warmup, "batch_size": 1,
+                     "in_turn_block_runs": BLOCK_RUNS, "in_turn_settle_s": SETTLE_S},
         "artifacts": items, "int8_search": int8_search, "peers_skipped": peers_skipped, "gemm_floor": gemm_floor,
         "profiles": profiles,
     }

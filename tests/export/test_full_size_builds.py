@@ -119,3 +119,28 @@ def test_the_benchmark_times_the_graph_built_for_the_searched_recipe_and_no_othe
     other = {"choice": {"recipe": "int8-plain-qoperator-tensor-attfp32", "session_options": "default"}}
     with pytest.raises(benchmark.BenchmarkInputError, match="full_size_int8.json: built with " + name):
         benchmark.optimized_int8_artifacts(root, cfg, other)
+
+
+def test_the_naive_graph_chosen_is_profiled_once_and_a_searched_one_on_its_own_graph(full_size_root, monkeypatch):
+    """The profiler takes no session options: where the search chose the naive graph, its one profile serves both
+    rows; another recipe is profiled from its own folder."""
+    longest = max(CFG.benchmark.sequence_lengths)
+    export_gemm_floor.run(CFG, full_size_root / "full_size" / "distilbert", longest, full_size_root / "gemm_floor")
+    profiled = []
+    library_profile_graphs = benchmark.profile_graphs
+
+    def profile_graphs(paths, *args):
+        profiled.append({name: path.parent.name for name, path in paths.items()})
+        return library_profile_graphs(paths, *args)
+
+    monkeypatch.setattr(benchmark, "profile_graphs", profile_graphs)
+    naive = {"choice": {"recipe": int8.NAIVE, "session_options": "default"}}
+    floor, profiles = benchmark.floor_and_profiles(full_size_root, CFG, naive, [])
+    assert profiled == [{"distilbert/onnx-int8": int8.NAIVE}]
+    assert profiles["distilbert/onnx-int8-optimized"] is profiles["distilbert/onnx-int8"]
+    assert profiles["distilbert/onnx-int8"] and 0 < floor["latency_ms"]["p50"] <= floor["latency_ms"]["p90"]
+    searched = {"choice": {"recipe": "int8-plain-qdq-channel-attfp32", "session_options": "default"}}
+    _, profiles = benchmark.floor_and_profiles(full_size_root, CFG, searched, [])
+    assert profiled[1] == {"distilbert/onnx-int8": int8.NAIVE,
+                           "distilbert/onnx-int8-optimized": "int8-plain-qdq-channel-attfp32"}
+    assert {op["op"] for op in profiles["distilbert/onnx-int8-optimized"]} >= {"QuantizeLinear", "DequantizeLinear"}

@@ -91,6 +91,33 @@ def test_an_entry_that_names_its_runs_is_timed_with_them(monkeypatch):
     assert runs == {"student/onnx-int8": 20, "bert-base/pytorch-fp32": 10}
 
 
+def test_an_onnx_entry_on_a_graph_and_options_already_timed_takes_that_run(monkeypatch, tmp_path):
+    """The int8 search's choice when it is the naive graph with the default options: the same file, options and
+    runs as the naive row, so one run and one figure, named; another option set or another file is its own run."""
+    timed = []
+
+    def measure(item, cfg):
+        timed.append(item["name"])
+        return {"seq32": {"threads1": {"p50": float(len(timed)), "p90": 9.0}}}, 100.0 + len(timed)
+
+    monkeypatch.setattr(workers, "measure", measure)
+    monkeypatch.setattr(workers, "in_worker", lambda item, cfg, task: {  # the peer's blocks in turn with ours
+        "peer": {"seq32": {"threads1": {"peer": {"p50": 1.0, "p90": 1.0}, "ours": {"p50": 1.0, "p90": 1.0}}}}})
+    graph, other = tmp_path / "int8" / "model.onnx", tmp_path / "int8-plain-qdq" / "model.onnx"
+    items = [entry("naive", graph, runs=10), entry("optimized", tmp_path / "int8" / ".." / "int8" / "model.onnx",
+                                                   runs=10, session_options="default"),
+             entry("optimized-daz", graph, runs=10, session_options="denormals-as-zero"),
+             entry("few-runs", graph), entry("searched", other, runs=10),
+             entry("peer", graph, runs=10, peer_of="naive")]
+    workers.time_artifacts(items, BenchmarkConfig(runs=20))
+    naive, optimized, daz, few_runs, searched, peer = items
+    assert timed == ["naive", "optimized-daz", "few-runs", "searched", "peer"]
+    assert optimized["latency_ms"] == naive["latency_ms"] and optimized["peak_rss_mib"] == naive["peak_rss_mib"]
+    assert optimized["same_run_as"] == "naive" and "same graph file, session options and runs" in \
+        optimized["latency_timing"]
+    assert all("same_run_as" not in item for item in (naive, daz, few_runs, searched))
+
+
 def test_a_default_precision_that_is_not_f32_is_timed_as_its_own_run():
     by_name = {"ov-f32": entry("ov-f32", fmt="openvino", openvino_precision="f32")}
     bf16 = entry("ov-default", fmt="openvino", openvino_precision="default", runtime_precision="bf16")

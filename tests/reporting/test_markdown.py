@@ -1,4 +1,5 @@
-"""pipeline/reporting/markdown.py: the report's int8 search section says what was chosen and what decided it."""
+"""pipeline/reporting/markdown.py: the report's int8 search section says what was chosen and what decided it; a row
+that is another row's run says so."""
 
 from pipeline.reporting import markdown
 
@@ -29,3 +30,27 @@ def test_the_choice_names_what_decided_it():
 
 def test_a_search_recorded_before_the_tie_rule_still_renders():
     assert "Chosen: **int8** with session options 'default' (p50 266.9 ms)." in markdown.search_section(search({}))
+
+
+def test_a_row_that_is_another_rows_run_says_so_and_the_summary_schema_takes_it():
+    import json
+
+    import jsonschema
+
+    from pipeline.plan.config import BenchmarkConfig, PipelineConfig
+    from pipeline.reporting.summary import SUMMARY_FIELDS
+    from tests.paths import PROJECT_ROOT
+
+    latency = {"seq384": {"threads1": {"p50": 274.5, "p90": 288.7}}}
+    naive = {key: None for key in SUMMARY_FIELDS} | {
+        "name": "distilbert/onnx-int8", "model": "distilbert", "format": "onnx", "precision": "int8",
+        "path": "full_size/distilbert/onnx/int8/model.onnx", "size_mb": 66.9, "latency_ms": latency,
+        "peak_rss_mib": 310.0}
+    optimized = naive | {"name": "distilbert/onnx-int8-optimized", "precision": "int8-optimized", "recipe": "int8",
+                         "session_options": "default", "same_run_as": "distilbert/onnx-int8"}
+    table = markdown.artifact_table([naive, optimized], PipelineConfig(benchmark=BenchmarkConfig(
+        sequence_lengths=[384], threads=[1])))
+    assert "| distilbert/onnx-int8 | 66.900 |" in table
+    assert "| distilbert/onnx-int8-optimized (the same run as distilbert/onnx-int8) | 66.900 |" in table
+    schema = json.loads((PROJECT_ROOT / "configs" / "summary.schema.json").read_text())
+    jsonschema.validate(optimized, {**schema, "$ref": "#/definitions/artifact"})
