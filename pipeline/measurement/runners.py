@@ -36,7 +36,8 @@ def load_pytorch(item: dict):
 
 def runner(item: dict, sequence_length: int, threads: int, model=None):
     """A no-argument callable that runs the artifact once on a batch-1 input of `sequence_length` tokens; `model`:
-    the loaded PyTorch model of a "pytorch" artifact."""
+    the loaded PyTorch model of a "pytorch" artifact. An OpenVINO item's "runtime_precision" is set to what its
+    precision hint resolved to in the session compiled for it."""
     if item["format"] == "pytorch":
         import torch
 
@@ -50,6 +51,7 @@ def runner(item: dict, sequence_length: int, threads: int, model=None):
         from pipeline.runtime.openvino_session import OpenVinoSession
 
         session = OpenVinoSession(item["path"], threads, item["openvino_precision"])
+        item["runtime_precision"] = session.precision  # what its precision hint resolved to on this CPU
     else:
         session = onnx_session(item["path"], threads, item.get("session_options") or "default")
     feed = synthetic_feed(session, sequence_length, item["vocab_size"])
@@ -74,7 +76,8 @@ def time_pytorch(model, sequence_length: int, threads: int, vocab_size: int, cfg
 
 def latency_table(item: dict, cfg: BenchmarkConfig) -> dict:
     """Latency per length and thread count: {seqL: {"threadsN": {p50, p90}}}, null for a length beyond the model's
-    positions; runs inside the worker process whose peak memory is recorded."""
+    positions; runs inside the worker process whose peak memory is recorded. An OpenVINO item's
+    "runtime_precision" is set to what its precision hint resolved to (see runner)."""
     model = load_pytorch(item) if item["format"] == "pytorch" else None
     latency: dict = {}
     option_set = item.get("session_options") or "default"

@@ -161,10 +161,8 @@ def worker_main(item_json: str, benchmark_json: str, task: str, out: Path) -> in
         latency = latency_table(item, cfg)
         peak = high_water_mark_mib()
         result = {"latency_ms": latency, "peak_rss_mib": None if peak is None else round(peak, 1)}
-        if item["format"] == "openvino":  # what its precision hint resolved to on this CPU
-            from pipeline.runtime.openvino_session import OpenVinoSession
-
-            result["runtime_precision"] = OpenVinoSession(item["path"], 1, item["openvino_precision"]).precision
+        if item["format"] == "openvino":  # what its precision hint resolved to on this CPU, in the timed session
+            result["runtime_precision"] = item["runtime_precision"]
         atomic_write_json(out, result)
     return 0
 

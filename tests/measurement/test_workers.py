@@ -26,6 +26,9 @@ def test_each_artifact_is_timed_in_its_own_process_with_its_peak_memory(tiny_int
     torch_entry = entry("tiny", tiny_int8 / "pytorch" / "model.safetensors", "pytorch")
     torch_latency, torch_rss = workers.measure(torch_entry, cfg)
     assert torch_latency["seq32"]["threads2"]["p50"] > 0 and torch_rss > peak_rss_mib
+    openvino = entry("tiny", tiny_int8 / "int8.onnx", "openvino", openvino_precision="f32")
+    openvino_latency, _ = workers.measure(openvino, cfg)  # OpenVINO reads the ONNX graph itself
+    assert openvino_latency["seq32"]["threads1"]["p50"] > 0 and openvino["runtime_precision"] == "f32"
 
 
 def test_entries_are_timed_in_place_and_the_peers_in_turn_with_our_graph(monkeypatch):
