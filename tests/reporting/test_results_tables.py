@@ -105,3 +105,37 @@ def test_minutes_rounds_to_the_second_before_splitting_off_the_minutes():
     assert results_tables.minutes(204.1) == "3:24"
     assert results_tables.minutes(59.4) == "0:59"
     assert results_tables.minutes(None) == "n/a"
+
+
+def test_an_artifact_that_is_another_ones_run_is_named_so_in_the_artifacts_table():
+    latency = {"seq384": {"threads1": {"p50": 69.3, "p90": 71.0}}}
+    naive = {"name": "distilbert/onnx-int8", "size_mb": 66.5, "latency_ms": latency, "peak_rss_mib": 233.0}
+    chosen = {**naive, "name": "distilbert/onnx-int8-optimized", "recipe": "int8", "same_run_as": naive["name"]}
+    run = {"name": "a-run", "cpu": "AMD EPYC", "simd_flags": ["avx2"], "simd": "native",
+           "summary": {"artifacts": [], "full_size": [naive, chosen]}}
+    table = results_tables.artifacts_table(run)
+    assert "| distilbert/onnx-int8 | 66.5 | n/a | n/a | 69.3 / n/a | 233 |" in table
+    assert ("| distilbert/onnx-int8-optimized (int8), the same run as distilbert/onnx-int8 | 66.5 | n/a | n/a | "
+            "69.3 / n/a | 233 |") in table
+
+
+def test_the_headline_shows_each_peer_once_an_openvino_one_at_its_faster_precision(tmp_path):
+    fake_run_root(tmp_path / "artifacts")
+    results_tables.collect_run(tmp_path / "artifacts", "a-native", "native", 600.0, 0, "snakemake --cores 2",
+                               results_dir=tmp_path / "results")
+    run, = results_tables.read_runs(tmp_path / "results")
+
+    def peer(name, ratio):
+        return {"name": name, "tool": f"the tool of {name}",
+                "latency": {"seq384": {"threads1": {"ratio": ratio, "verdict": "behind" if ratio < 1 else "ahead"}}}}
+
+    run["summary"]["peers"] = [peer("distilbert/torch-dynamic-int8", 1.14), peer("distilbert/openvino-nncf-int8-f32", 0.76),
+                               peer("distilbert/openvino-nncf-int8-default", 0.71),
+                               peer("distilbert/openvino-ours-int8-f32", 0.85),
+                               {**peer("distilbert/openvino-ours-int8-default", 0.0), "latency": {"seq384": None}}]
+    rows = [line for line in results_tables.headline(run).splitlines() if "peer p50 / ours" in line]
+    assert rows == ["| distilbert/torch-dynamic-int8 (the tool of distilbert/torch-dynamic-int8), peer p50 / ours | 1.14x (ahead) |",
+                    "| distilbert/openvino-nncf-int8-default (the tool of distilbert/openvino-nncf-int8-default), peer p50 / "
+                    "ours | 0.71x (behind) |",
+                    "| distilbert/openvino-ours-int8-f32 (the tool of distilbert/openvino-ours-int8-f32), peer p50 / ours | "
+                    "0.85x (behind) |"]
