@@ -150,6 +150,14 @@ def time_artifacts(items: list[dict], cfg: BenchmarkConfig) -> None:
             peer["latency_timing"] = "in turn with our graph and its other peers; peak memory from one run of its own"
 
 
+def untimed_openvino_precision(item: dict) -> str:
+    """What an OpenVINO item's precision hint resolves to on this CPU, from a session compiled for that alone: where
+    no length was timed (all beyond the model's positions), no timed session said it."""
+    from pipeline.runtime.openvino_session import OpenVinoSession
+
+    return OpenVinoSession(item["path"], 1, item["openvino_precision"]).precision
+
+
 def worker_main(item_json: str, benchmark_json: str, task: str, out: Path) -> int:
     item = json.loads(item_json)
     cfg = BenchmarkConfig(**json.loads(benchmark_json))
@@ -162,7 +170,7 @@ def worker_main(item_json: str, benchmark_json: str, task: str, out: Path) -> in
         peak = high_water_mark_mib()
         result = {"latency_ms": latency, "peak_rss_mib": None if peak is None else round(peak, 1)}
         if item["format"] == "openvino":  # what its precision hint resolved to on this CPU, in the timed session
-            result["runtime_precision"] = item["runtime_precision"]
+            result["runtime_precision"] = item.get("runtime_precision") or untimed_openvino_precision(item)
         atomic_write_json(out, result)
     return 0
 

@@ -14,8 +14,8 @@ architectures (export_full_size), their searched int8 graphs (int8_search, expor
   peak resident memory is recorded (pipeline.measurement.workers). CoreML cannot run on Linux: null, with why.
 - int8 search (rule int8_search, copied into benchmark.json): the fastest gate-passing int8 recipe and session
   options of the full-size DistilBERT (the default options where they are within the latency tie) are
-  "distilbert/onnx-int8-optimized" (the naive row's run, same_run_as, where that is the choice); export_full_size_int8
-  built bert-base's graph with the same recipe: "bert-base/onnx-int8-optimized" is the same path applied to BERT-base.
+  "distilbert/onnx-int8-optimized" (the naive row's run, same_run_as, where the choice is the naive graph with the
+  default options); "bert-base/onnx-int8-optimized" is BERT-base's graph of the recipe (export_full_size_int8).
 - peers: the int8 paths a user would otherwise pick (export_peers), timed like every artifact and, at every thread
   count, in turn with our graph in one process; the torch peer on every quantized engine first, the fastest kept.
 - GEMM floor: the full-size DistilBERT int8 graph's MatMulInteger nodes alone (export_gemm_floor), timed like the

@@ -6,8 +6,9 @@ import sys
 
 import pytest
 
-from pipeline.measurement import workers
+from pipeline.measurement import runners, workers
 from pipeline.plan.config import BenchmarkConfig
+from pipeline.spawn import in_spawned_process
 from tests.paths import PROJECT_ROOT
 
 
@@ -29,6 +30,24 @@ def test_each_artifact_is_timed_in_its_own_process_with_its_peak_memory(tiny_int
     openvino = entry("tiny", tiny_int8 / "int8.onnx", "openvino", openvino_precision="f32")
     openvino_latency, _ = workers.measure(openvino, cfg)  # OpenVINO reads the ONNX graph itself
     assert openvino_latency["seq32"]["threads1"]["p50"] > 0 and openvino["runtime_precision"] == "f32"
+
+
+def precision_after_timing(item: dict, cfg: BenchmarkConfig) -> str | None:
+    """What the timing itself left on the item (run in a spawned process: OpenVINO stays out of pytest's)."""
+    runners.latency_table(item, cfg)
+    return item.get("runtime_precision")
+
+
+def test_an_openvino_timing_says_what_its_precision_resolved_to_even_with_no_length_timed(tiny_int8):
+    """The timed session says what the hint resolved to; a memory run whose one length is beyond the model's
+    positions times nothing, and the worker still says it."""
+    openvino = entry("tiny", tiny_int8 / "int8.onnx", "openvino", openvino_precision="f32")
+    assert in_spawned_process(precision_after_timing, openvino, BenchmarkConfig(sequence_lengths=[32], threads=[1],
+                                                                                runs=1, warmup=0)) == "f32"
+    beyond = BenchmarkConfig(sequence_lengths=[256], threads=[1], runs=1, warmup=1)  # the model has 128 positions
+    assert in_spawned_process(precision_after_timing, openvino, beyond) is None
+    latency, _ = workers.measure(openvino, beyond)
+    assert latency == {"seq256": None} and openvino["runtime_precision"] == "f32"
 
 
 def test_entries_are_timed_in_place_and_the_peers_in_turn_with_our_graph(monkeypatch):
