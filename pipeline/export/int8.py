@@ -17,7 +17,7 @@ from onnx import numpy_helper
 
 from pipeline.export.gates import GateError
 from pipeline.export.onnx_graph import MODEL_FILE, optimize_graph
-from pipeline.measurement.latency import compare_latency, fastest_first
+from pipeline.measurement.latency import DEFAULT_OPTIONS, compare_latency, fastest_first
 from pipeline.measurement.statistics import paired_bootstrap_interval
 from pipeline.outputs.artifacts import read_json
 from pipeline.outputs.machine import cpu_description
@@ -271,9 +271,6 @@ def recipes_passing_everywhere(root: Path, cfg: PipelineConfig) -> tuple[list[st
     shipped = bundled_model(cfg)
     names = sorted(name for name, ok in verdicts[shipped].items() if ok)
     return names, verdicts, f"the bundled model ({shipped}) only: no recipe passed on every exported model"
-
-
-DEFAULT_OPTIONS = "default"  # onnxruntime's own session options (benchmark.session_options)
 
 
 def default_options_within_tie(timings: dict[str, dict[str, float]], pairs: dict[str, tuple[str, str]],

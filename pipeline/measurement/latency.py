@@ -17,17 +17,18 @@ import onnxruntime
 
 
 
+DEFAULT_OPTIONS = "default"  # onnxruntime's own session options
 # Session option sets the int8 search tries beside onnxruntime's defaults (benchmark.session_options).
 # denormals-as-zero: fp32 ops that meet denormal values (tiny activations between int8 GEMMs) can slow down by
 # orders of magnitude on x86; extended-graph-level: the fusions up to "extended" only, no layout transforms.
 SESSION_OPTIONS = {
-    "default": {},
+    DEFAULT_OPTIONS: {},
     "denormals-as-zero": {"config": {"session.set_denormal_as_zero": "1"}},
     "extended-graph-level": {"graph_optimization_level": "ORT_ENABLE_EXTENDED"},
 }
 
 
-def onnx_session(path: str | Path, threads: int, option_set: str = "default") -> onnxruntime.InferenceSession:
+def onnx_session(path: str | Path, threads: int, option_set: str = DEFAULT_OPTIONS) -> onnxruntime.InferenceSession:
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
@@ -129,7 +130,7 @@ def compare_latency(
     option_sets = option_sets or {}
     runs_once = {}
     for name, path in paths.items():
-        session = onnx_session(path, threads, option_sets.get(name, "default"))
+        session = onnx_session(path, threads, option_sets.get(name, DEFAULT_OPTIONS))
         feed = synthetic_feed(session, sequence_length, vocab_size)
         runs_once[name] = functools.partial(session.run, None, feed)
     return {name: {**timing, "runs": runs} for name, timing in time_in_turn(runs_once, runs, warmup).items()}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.measurement.latency import onnx_session, synthetic_feed, time_calls
+from pipeline.measurement.latency import DEFAULT_OPTIONS, onnx_session, synthetic_feed, time_calls
 from pipeline.measurement.torch_peer import TORCH_DYNAMIC_INT8, torch_dynamic_int8
 from pipeline.plan.config import BenchmarkConfig
 
@@ -34,6 +34,11 @@ def load_pytorch(item: dict):
     return model
 
 
+def session_option_set(item: dict) -> str:
+    """The onnxruntime session option set an ONNX artifact is timed with (latency.SESSION_OPTIONS)."""
+    return item.get("session_options") or DEFAULT_OPTIONS
+
+
 def runner(item: dict, sequence_length: int, threads: int, model=None):
     """A no-argument callable that runs the artifact once on a batch-1 input of `sequence_length` tokens; `model`:
     the loaded PyTorch model of a "pytorch" artifact. An OpenVINO item's "runtime_precision" is set to what its
@@ -53,13 +58,13 @@ def runner(item: dict, sequence_length: int, threads: int, model=None):
         session = OpenVinoSession(item["path"], threads, item["openvino_precision"])
         item["runtime_precision"] = session.precision  # what its precision hint resolved to on this CPU
     else:
-        session = onnx_session(item["path"], threads, item.get("session_options") or "default")
+        session = onnx_session(item["path"], threads, session_option_set(item))
     feed = synthetic_feed(session, sequence_length, item["vocab_size"])
     return lambda: session.run(None, feed)
 
 
 def time_onnx(path: str, sequence_length: int, threads: int, vocab_size: int, cfg: BenchmarkConfig,
-              option_set: str = "default") -> dict:
+              option_set: str = DEFAULT_OPTIONS) -> dict:
     session = onnx_session(path, threads, option_set)
     feed = synthetic_feed(session, sequence_length, vocab_size)
     return time_calls(lambda: session.run(None, feed), cfg.runs, cfg.warmup)
@@ -80,7 +85,7 @@ def latency_table(item: dict, cfg: BenchmarkConfig) -> dict:
     "runtime_precision" is set to what its precision hint resolved to (see runner)."""
     model = load_pytorch(item) if item["format"] == "pytorch" else None
     latency: dict = {}
-    option_set = item.get("session_options") or "default"
+    option_set = session_option_set(item)
     for length in cfg.sequence_lengths:
         key = f"seq{length}"
         if length > item["max_positions"]:

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from pipeline.measurement.peer_timing import peers_in_turn_with_ours, search_torch_engine
-from pipeline.measurement.runners import latency_table
+from pipeline.measurement.runners import latency_table, session_option_set
 from pipeline.outputs.artifacts import atomic_write_json, read_json
 from pipeline.outputs.machine import high_water_mark_mib
 from pipeline.plan.config import BenchmarkConfig
@@ -83,7 +83,7 @@ def graph_run_key(item: dict) -> tuple | None:
     (a peer's graph is a file of its own); None for the other formats."""
     if item["format"] != "onnx" or item.get("peer_of"):
         return None
-    return str(Path(item["path"]).resolve()), item.get("session_options") or "default", item.get("runs")
+    return str(Path(item["path"]).resolve()), session_option_set(item), item.get("runs")
 
 
 def time_artifacts(items: list[dict], cfg: BenchmarkConfig) -> None:
