@@ -19,8 +19,9 @@ include: "rules/common.smk"
 
 # What every build delivers: the exports, the full-size references, the bundle and the report.
 DELIVERED = [
-    expand(f"{ROOT}/{{kind}}/{{model}}", kind=["onnx", "quantized", "coreml"], model=list(EXPORTED_MODELS)),
-    expand(f"{ROOT}/npu/{{model}}", model=list(EXPORTED_MODELS) if NPU_BUILT else []),
+    expand(f"{ROOT}/{{kind}}/{{model}}", kind=["onnx", "quantized"], model=list(EXPORTED_MODELS)),
+    expand(f"{ROOT}/coreml/{{model}}", model=list(PHONE_MODELS)),
+    expand(f"{ROOT}/npu/{{model}}", model=list(PHONE_MODELS) if NPU_BUILT else []),
     expand(f"{ROOT}/full_size/{{architecture}}", architecture=CFG.export.full_size.architectures),
     f"{ROOT}/bundle",
     f"{ROOT}/report/summary.json",

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from pipeline.plan import study_runs
-from pipeline.plan.model_registry import bundled_model, exported_models, trained_models
+from pipeline.plan.model_registry import bundled_model, exported_models, phone_models, trained_models
 from pipeline.plan.code_inputs import command_code_files
 from pipeline.plan.config import PipelineConfig, from_dict, to_dict
 from pipeline.plan.data_sources import check_local_files, configured_local_paths, local_data_files
@@ -21,6 +21,7 @@ FULL = to_dict(CFG)
 DEPLOYING = CFG.deploy.model is not None
 ROOT = deploy_root(CFG) if DEPLOYING else CFG.output_root
 EXPORTED_MODELS = exported_models(CFG)  # model name -> the stage folder it comes from
+PHONE_MODELS = phone_models(CFG)  # the exported models that also get CoreML packages and NPU graphs
 TRAINED_MODELS = trained_models(CFG)  # the exported ones and those export.models leaves out
 BUNDLED_MODEL = bundled_model(CFG)  # the model the app bundle ships
 PYTHON = sys.executable  # the interpreter running snakemake, i.e. the project's environment
@@ -128,13 +129,15 @@ check_layer_mappings()
 
 
 def stage_config(*sections, export_models=False):
-    """The config sections a stage reads, as JSON: editing another section does not rerun it. export.models only
-    with `export_models`: which models are exported decides which export jobs run, not what any of them computes,
+    """The config sections a stage reads, as JSON: editing another section does not rerun it. export.models and
+    export.phone_models only with `export_models`: which models are exported decides which export jobs run, not what
+    any of them computes,
     so it reaches only the rules that read the whole set (the int8 search, the benchmark, the report), and adding
     a model does not rerun the others' exports."""
     sections = {name: FULL[name] for name in sections}
     if "export" in sections and not export_models:
-        sections["export"] = {key: value for key, value in sections["export"].items() if key != "models"}
+        sections["export"] = {key: value for key, value in sections["export"].items()
+                              if key not in ("models", "phone_models")}
     return json.dumps(sections, sort_keys=True)
 
 

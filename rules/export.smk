@@ -79,13 +79,13 @@ rule quantize_onnx:
 
 rule export_coreml:
     input:
-        model=lambda wildcards: f"{ROOT}/{EXPORTED_MODELS[wildcards.model]}",
+        model=lambda wildcards: f"{ROOT}/{PHONE_MODELS[wildcards.model]}",
         data=rules.prepare_data.output[0],
         code=code("export-coreml"),
     output:
         directory(f"{ROOT}/coreml/{{model}}"),
     wildcard_constraints:
-        model="|".join(EXPORTED_MODELS),
+        model="|".join(PHONE_MODELS),
     params:
         cfg=stage_config(*EXPORT_SECTIONS),
     log:
@@ -105,13 +105,13 @@ rule export_coreml:
 # emulation (pipeline/export/npu_graph.py). One thread: it runs beside the other exports.
 rule export_npu:
     input:
-        model=lambda wildcards: f"{ROOT}/{EXPORTED_MODELS[wildcards.model]}",
+        model=lambda wildcards: f"{ROOT}/{PHONE_MODELS[wildcards.model]}",
         data=rules.prepare_data.output[0],
         code=code("export-npu"),
     output:
         directory(f"{ROOT}/npu/{{model}}"),
     wildcard_constraints:
-        model="|".join(EXPORTED_MODELS),
+        model="|".join(PHONE_MODELS),
     params:
         cfg=stage_config(*EXPORT_SECTIONS),
     log:

@@ -31,8 +31,9 @@ rule int8_search:
 # Times every artifact the export rules built: it takes every core, so nothing runs beside the timed runs.
 rule benchmark:
     input:
-        exports=expand(f"{ROOT}/{{kind}}/{{model}}", kind=["onnx", "quantized", "coreml"], model=list(EXPORTED_MODELS)),
-        npu=expand(f"{ROOT}/npu/{{model}}", model=list(EXPORTED_MODELS) if NPU_BUILT else []),
+        exports=expand(f"{ROOT}/{{kind}}/{{model}}", kind=["onnx", "quantized"], model=list(EXPORTED_MODELS)),
+        coreml=expand(f"{ROOT}/coreml/{{model}}", model=list(PHONE_MODELS)),
+        npu=expand(f"{ROOT}/npu/{{model}}", model=list(PHONE_MODELS) if NPU_BUILT else []),
         full_size=expand(f"{ROOT}/full_size/{{architecture}}", architecture=FULL_SIZE),
         int8_search=rules.int8_search.output.search if INT8_SEARCHED else [],
         full_size_int8=expand(f"{ROOT}/full_size_int8/{{architecture}}", architecture=SEARCHED_INT8_BUILT_FOR),

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pipeline.outputs.artifacts import directory_size_bytes, megabytes, read_json
 from pipeline.plan.config import PipelineConfig
-from pipeline.plan.model_registry import bundled_model, exported_models
+from pipeline.plan.model_registry import bundled_model, exported_models, phone_models
 
 COREML_UNTIMED = "CoreML prediction runs only on macOS; this benchmark ran on Linux"
 NPU_UNTIMED = ("the NPU's latency cannot be measured here: the QNN HTP backend runs as an x86 emulation, whose "
@@ -43,7 +43,8 @@ def timed_if_named(name: str, timed_full_size: list[str]) -> dict:
 
 
 def trained_artifacts(root: Path, cfg: PipelineConfig) -> list[dict]:
-    """Every export of the trained models (or of the deployed one), and the bundle's .ort."""
+    """Every export of the trained models (or of the deployed one): the phone builds of export.phone_models' only;
+    and the bundle's .ort."""
     items = []
     for model, stage in exported_models(cfg).items():
         shape = model_shape(root / stage / "config.json")
@@ -66,6 +67,8 @@ def trained_artifacts(root: Path, cfg: PipelineConfig) -> list[dict]:
                 continue
             items.append(artifact_entry(f"{model}/onnx-{variant}", model, "onnx", variant, quantized / report["path"],
                                         report, "onnxruntime", **shape))
+        if model not in phone_models(cfg):
+            continue  # no CoreML packages or NPU graphs (export.phone_models)
         coreml = read_json(root / "coreml" / model / "coreml.json")
         for variant, package in coreml["packages"].items():
             items.append(artifact_entry(f"{model}/coreml-{variant}", model, "coreml", variant,

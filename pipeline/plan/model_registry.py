@@ -27,6 +27,14 @@ def exported_models(cfg) -> dict[str, str]:
     return {name: stage for name, stage in TRAINED_MODELS.items() if name in cfg.export.models}
 
 
+def phone_models(cfg) -> dict[str, str]:
+    """Model name -> stage folder of every exported model that also gets the phone builds (CoreML packages, Android
+    NPU graphs): those export.phone_models names, or the deployed one."""
+    if cfg.deploy.model:
+        return DEPLOYED_MODELS
+    return {name: stage for name, stage in exported_models(cfg).items() if name in cfg.export.phone_models}
+
+
 def bundled_model(cfg) -> str:
     """The exported model that the bundle ships: the distilled student, or the deployed model."""
     return "deployed" if cfg.deploy.model else "student"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pipeline.plan.config import PipelineConfig
-from pipeline.plan.model_registry import exported_models
+from pipeline.plan.model_registry import exported_models, phone_models
 from pipeline.reporting.formatting import fmt
 
 def gated_questions(rows: list[dict], dev_questions: int | None) -> str:
@@ -374,6 +374,10 @@ def report_markdown(cfg: PipelineConfig, summary_data: dict, benchmark: dict, go
     not_exported = [name for name in summary_data["models"] if name not in exported_models(cfg)]
     if not_exported:
         lines += ["", f"Not exported (export.models): {', '.join(not_exported)}; trained and scored above only."]
+    without_phone_builds = [name for name in exported_models(cfg) if name not in phone_models(cfg)]
+    if without_phone_builds:
+        lines += ["", f"No phone builds (export.phone_models): {', '.join(without_phone_builds)}; exported to ONNX, "
+                  "int8 and OpenVINO only, without CoreML packages or Android NPU graphs."]
     which = "the deployed model" if cfg.deploy.model else "the trained models"
     lines += ["", f"## Artifacts of {which}", "", artifact_table(summary_data["artifacts"], cfg), "",
               "CoreML F1: the weights read back from each package, run in PyTorch at float16 ('pytorch-proxy'). "

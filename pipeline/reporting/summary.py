@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pipeline.outputs.artifacts import read_json
 from pipeline.plan.config import PipelineConfig
-from pipeline.plan.model_registry import bundled_model, exported_models, trained_models
+from pipeline.plan.model_registry import bundled_model, exported_models, phone_models, trained_models
 from pipeline.reporting.formatting import p50, ratio
 
 TARGET_SIZE_MB = 207  # DistilBERT on an iPhone 7 Plus (Sanh et al. 2019)
@@ -103,10 +103,10 @@ def summary(cfg: PipelineConfig, root: Path, benchmark: dict) -> dict:
 
 
 def npu_checks(root: Path, cfg: PipelineConfig) -> dict:
-    """Per exported model, its Android NPU graphs (export_npu's npu.json): size, verdict, the CPU execution
+    """Per model with phone builds (export.phone_models), its Android NPU graphs (export_npu's npu.json): size, verdict, the CPU execution
     provider's dev scores, and the QNN HTP emulation's check, or why it did not run; {} when none were built."""
     checks = {}
-    for model in exported_models(cfg):
+    for model in phone_models(cfg):
         path = root / "npu" / model / "npu.json"
         if not path.is_file():
             continue
@@ -151,6 +151,8 @@ def gate_verdicts(root: Path, cfg: PipelineConfig) -> list[dict]:
                          "fell_back": variant.get("fallback", {}).get("fell_back", []),
                          "shipped": model == shipped_model and (shipped_openvino if openvino else name == shipped_int8),
                          "n_questions": quantized.get("n_questions")})
+        if model not in phone_models(cfg):
+            continue  # no CoreML packages or NPU graphs (export.phone_models)
         coreml = read_json(root / "coreml" / model / "coreml.json")
         for name, package in coreml["packages"].items():
             dev = package.get("dev") or {}

@@ -46,6 +46,12 @@ def test_round_trip_through_plain_dict():
         ({"export": {"models": ["teacher"]}}, "export.models: ['teacher'] leaves out student, the model the bundle"),
         ({"export": {"models": ["student", "student"]}}, "export.models: ['student', 'student'] lists a model twice"),
         ({"export": {"models": ["student", "tinybert"]}}, "export.models[1]: 'tinybert' is not one of"),
+        ({"export": {"phone_models": ["teacher"]}},
+         "export.phone_models: ['teacher'] leaves out student, the model the bundle ships"),
+        ({"export": {"models": ["student", "teacher"], "phone_models": ["student", "student_ce_only"]}},
+         "export.phone_models: ['student_ce_only'] not in export.models ['student', 'teacher']"),
+        ({"export": {"phone_models": ["student", "student"]}},
+         "export.phone_models: ['student', 'student'] lists a model twice"),
     ],
 )
 def test_bad_values_fail_naming_the_key(data, message):

@@ -99,6 +99,34 @@ def test_export_models_reaches_the_rules_that_read_the_set_and_leaves_the_export
         assert len({json.dumps(cfg, sort_keys=True) for cfg in configs[command].values()}) == 1, command
 
 
+def test_phone_builds_are_planned_for_export_phone_models_alone_and_their_configs_stay_as_they_were(tmp_path):
+    """export.phone_models decides which exported models get CoreML packages and NPU graphs (the student by default):
+    only theirs are planned, every model still gets its ONNX and int8 builds, the benchmark and the report are told
+    which, and no export job's config changes with the set (changing it reruns nothing built)."""
+    configs = {}
+    for phone_models in (None, ["student", "teacher"]):
+        export = {"models": ["student", "student_ce_only", "teacher"]}
+        if phone_models:
+            export["phone_models"] = phone_models
+        commands = planned_stage_commands(tmp_path / str(bool(phone_models)), [CONFIGS / "test.yaml"],
+                                          {"export": export}, None)
+        models_of = {}
+        for command, flags in commands:
+            arguments = parse(command, flags)
+            cfg = json.loads(arguments.cfg)
+            configs.setdefault(command, set()).add(json.dumps(cfg, sort_keys=True))
+            if command in ("export-onnx", "quantize-onnx", "export-coreml", "export-npu"):
+                models_of.setdefault(command, set()).add(Path(arguments.model_dir).name)
+            if command in ("benchmark", "report"):
+                assert cfg["export"]["phone_models"] == (phone_models or ["student"]), command
+        every_model = {"distill_squad", "student_finetune", "teacher"}
+        assert models_of["export-onnx"] == models_of["quantize-onnx"] == every_model
+        phone_folders = {"distill_squad"} | ({"teacher"} if phone_models else set())
+        assert models_of["export-coreml"] == models_of["export-npu"] == phone_folders
+    for command in ("export-onnx", "quantize-onnx", "export-coreml", "export-npu", "bundle"):
+        assert len(configs[command]) == 1, command
+
+
 @pytest.mark.parametrize("command", sorted(STAGES))
 def test_the_parameters_read_from_the_source_are_the_functions(command):
     """Planning reads a stage's parameters with `ast`; they are the ones Python sees, and each has a flag."""

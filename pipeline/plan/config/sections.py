@@ -589,6 +589,13 @@ class ExportConfig:
         "student, which is always among them; the CE-only student and the teacher show what distillation buys on "
         "device. A deploy (deploy.model) exports the one model it takes.",
     )
+    phone_models: list[Literal["student", "student_ce_only", "teacher"]] = option(
+        ["student"],
+        "Exported models that also get the phone builds (CoreML packages, Android NPU graphs). The student, which the "
+        "bundle ships, always does; the CE-only student and the teacher are compared on the CPU runtimes (ONNX, int8, "
+        "OpenVINO) by default, as their phone builds ship in no app: name them here to compare those too. A deploy "
+        "builds them for the model it takes.",
+    )
     opset: int | None = option(None, "ONNX opset (null: optimum's default for the architecture).", minimum=11)
     quantize: QuantizeConfig = section(QuantizeConfig, "ONNX quantization.")
     coreml: CoreMLConfig = section(CoreMLConfig, "CoreML conversion.")
@@ -601,6 +608,14 @@ class ExportConfig:
             raise ConfigError(f"export.models: {self.models} leaves out student, the model the bundle ships")
         if len(set(self.models)) != len(self.models):
             raise ConfigError(f"export.models: {self.models} lists a model twice")
+        if "student" not in self.phone_models:
+            raise ConfigError(f"export.phone_models: {self.phone_models} leaves out student, the model the bundle "
+                              "ships")
+        if not_exported := [name for name in self.phone_models if name not in self.models]:
+            raise ConfigError(f"export.phone_models: {not_exported} not in export.models {self.models}: only an "
+                              "exported model gets phone builds")
+        if len(set(self.phone_models)) != len(self.phone_models):
+            raise ConfigError(f"export.phone_models: {self.phone_models} lists a model twice")
 
 
 @dataclass
