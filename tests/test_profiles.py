@@ -207,7 +207,10 @@ def test_the_default_plan_runs_the_critical_path_first_and_the_bundled_models_ex
         assert priorities[job] >= 3, job
     for kind in ("export_onnx", "quantize_onnx", "export_coreml", "export_npu"):
         assert priorities[f"{kind}[model=student]"] == 2, kind
+    for kind in ("export_onnx", "quantize_onnx"):
         assert priorities[f"{kind}[model=teacher]"] == priorities[f"{kind}[model=student_ce_only]"] == 0, kind
+    for kind in ("export_coreml", "export_npu"):  # the phone builds: the student's alone (export.phone_models)
+        assert not any(job.startswith(f"{kind}[model=") and job != f"{kind}[model=student]" for job in priorities)
     assert priorities["export_full_size[architecture=distilbert]"] == 1
     full_size_block = completed.stdout[completed.stdout.index("rule export_full_size:"):].split("\n\n")[0]
     inputs = next(line for line in full_size_block.splitlines() if line.strip().startswith("input:"))
