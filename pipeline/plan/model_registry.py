@@ -1,5 +1,6 @@
-"""The models a DAG trains and the ones it exports for devices (export.models), and the stage folder each comes
-from: the Snakefile, the benchmark and the report share them.
+"""The models a DAG trains, the ones it exports for devices (export.models), the ones of those that also get the
+phone builds (export.phone_models), and the stage folder each comes from: the Snakefile, the benchmark and the report
+share them.
 """
 
 from __future__ import annotations

@@ -103,8 +103,9 @@ def summary(cfg: PipelineConfig, root: Path, benchmark: dict) -> dict:
 
 
 def npu_checks(root: Path, cfg: PipelineConfig) -> dict:
-    """Per model with phone builds (export.phone_models), its Android NPU graphs (export_npu's npu.json): size, verdict, the CPU execution
-    provider's dev scores, and the QNN HTP emulation's check, or why it did not run; {} when none were built."""
+    """Per model with phone builds (export.phone_models), its Android NPU graphs (export_npu's npu.json): size,
+    verdict, the CPU execution provider's dev scores, and the QNN HTP emulation's check, or why it did not run; {}
+    when none were built."""
     checks = {}
     for model in phone_models(cfg):
         path = root / "npu" / model / "npu.json"
