@@ -131,9 +131,8 @@ check_layer_mappings()
 def stage_config(*sections, export_models=False):
     """The config sections a stage reads, as JSON: editing another section does not rerun it. export.models and
     export.phone_models only with `export_models`: which models are exported decides which export jobs run, not what
-    any of them computes,
-    so it reaches only the rules that read the whole set (the int8 search, the benchmark, the report), and adding
-    a model does not rerun the others' exports."""
+    any of them computes, so it reaches only the rules that read the whole set (the int8 search, the benchmark, the
+    report), and adding a model does not rerun the others' exports."""
     sections = {name: FULL[name] for name in sections}
     if "export" in sections and not export_models:
         sections["export"] = {key: value for key, value in sections["export"].items()

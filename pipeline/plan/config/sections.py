@@ -579,18 +579,22 @@ class NpuConfig:
     soc_model: str = option("57", "SoC model the emulation models (onnxruntime-qnn's soc_model).")
 
 
+# The trained models a DAG can export (pipeline/plan/model_registry.py: TRAINED_MODELS).
+TrainedModelName = Literal["student", "student_ce_only", "teacher"]
+
+
 @dataclass
 class ExportConfig:
     """From trained PyTorch models to the files an app ships: ONNX, int8/4-bit ONNX, .ort, CoreML, the bundle."""
 
-    models: list[Literal["student", "student_ce_only", "teacher"]] = option(
+    models: list[TrainedModelName] = option(
         ["student", "student_ce_only", "teacher"],
         "Trained models exported (ONNX, int8, 4-bit, OpenVINO; CoreML and NPU graphs for export.phone_models), gated "
         "and benchmarked. The bundle ships the distilled "
         "student, which is always among them; the CE-only student and the teacher show what distillation buys on "
         "device. A deploy (deploy.model) exports the one model it takes.",
     )
-    phone_models: list[Literal["student", "student_ce_only", "teacher"]] = option(
+    phone_models: list[TrainedModelName] = option(
         ["student"],
         "Exported models that also get the phone builds (CoreML packages, Android NPU graphs). The student, which the "
         "bundle ships, always does; the CE-only student and the teacher are compared on the CPU runtimes (ONNX, int8, "
@@ -605,18 +609,14 @@ class ExportConfig:
     full_size: FullSizeConfig = section(FullSizeConfig, "Full-size architectures (sizes and latency).")
 
     def __post_init__(self) -> None:
-        if "student" not in self.models:
-            raise ConfigError(f"export.models: {self.models} leaves out student, the model the bundle ships")
-        if len(set(self.models)) != len(self.models):
-            raise ConfigError(f"export.models: {self.models} lists a model twice")
-        if "student" not in self.phone_models:
-            raise ConfigError(f"export.phone_models: {self.phone_models} leaves out student, the model the bundle "
-                              "ships")
+        for key, names in (("models", self.models), ("phone_models", self.phone_models)):
+            if "student" not in names:
+                raise ConfigError(f"export.{key}: {names} leaves out student, the model the bundle ships")
+            if len(set(names)) != len(names):
+                raise ConfigError(f"export.{key}: {names} lists a model twice")
         if not_exported := [name for name in self.phone_models if name not in self.models]:
             raise ConfigError(f"export.phone_models: {not_exported} not in export.models {self.models}: only an "
                               "exported model gets phone builds")
-        if len(set(self.phone_models)) != len(self.phone_models):
-            raise ConfigError(f"export.phone_models: {self.phone_models} lists a model twice")
 
 
 @dataclass
