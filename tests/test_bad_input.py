@@ -247,8 +247,8 @@ def test_a_truncated_safetensors_input_is_refused_by_name_before_any_work(tmp_pa
     weights = teacher_dir / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     assert isinstance(BertConfig.from_pretrained(teacher_dir), BertConfig)  # the config alone still loads
-    completed = run_cli("init-student", "--config-json", "{}", "--teacher", str(teacher_dir), "--tokenizer-dir",
-                        str(tmp_path / "tokenizer"), "--out-dir", str(tmp_path / "student"))
+    completed = run_cli_here("init-student", "--config-json", "{}", "--teacher", str(teacher_dir), "--tokenizer-dir",
+                             str(tmp_path / "tokenizer"), "--out-dir", str(tmp_path / "student"))
     assert_one_line_error(completed, "teacher/model.safetensors", "the manifest says", "truncated")
     assert not (tmp_path / "student").exists()
 
