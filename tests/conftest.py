@@ -14,13 +14,6 @@ from tests.paths import SHARED_SQUAD_SAMPLE
 # another job keeps a core busy, a 2-thread torch waits on it at every operation (docs/findings.md, "Two cores").
 # Set here, before any test module imports torch.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-# OpenMP threads that wait by sleeping, not spinning, in the tests and the processes they start: two test workers
-# and the builds' jobs (the test DAG, the documented deploy, with their own 2-thread jobs) run beside each other on
-# these cores, and torch's OpenMP (libgomp) spins a waiting thread for a while by default, on a core another process
-# needs. A small gain: 228 s with the default against 223 and 221 s passive, the whole suite on 2 cores of an AMD
-# EPYC (AVX-512 VNNI, VP2INTERSECT), each process-heavy group a few CPU-seconds cheaper. A test's results do not
-# depend on it (latency is the benchmarks', not the tests').
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # As every process the pipeline starts: transformers leaves scikit-learn and SciPy unimported, OpenVINO sends no
 # telemetry without the user's consent (pipeline/startup.py).
