@@ -13,6 +13,7 @@ from pipeline.measurement import workers
 from pipeline.measurement.torch_peer import listed_engines
 from pipeline.reporting import markdown, summary
 from pipeline.stages import benchmark, export_peers
+from tests.openvino_checks import openvino_against_onnxruntime
 from tests.stage_fixtures import tiny_config
 
 
@@ -101,28 +102,6 @@ def test_torch_peer_quantizes_every_linear_layer_on_each_engine(tiny_full_size):
         assert torch.allclose(got, expected, atol=0.1 * float(expected.abs().max()) + 0.05), engine
         assert peers.state_dict_megabytes(quantized) < peers.state_dict_megabytes(fp32)
     assert all(type(m) is not torch.ao.nn.quantized.dynamic.Linear for m in fp32.modules())  # original untouched
-
-
-def openvino_against_onnxruntime(openvino_path, onnx_path) -> dict:
-    """Per precision: what the hint resolved to and the largest logit difference from onnxruntime on the ONNX graph,
-    and OpenVINO's profile at f32 (run in a spawned process, as OpenVINO is here)."""
-    from pipeline.measurement.latency import onnx_session, synthetic_feed
-    from pipeline.runtime.openvino_session import OpenVinoSession
-
-    fp32, found = onnx_session(onnx_path, 1), {}
-    for precision in peers.OPENVINO_PRECISIONS:
-        try:
-            session = OpenVinoSession(openvino_path, 1, precision)
-        except RuntimeError as error:  # the CPU plugin refuses the model at this precision on this machine
-            found[precision] = {"refused": [line for line in str(error).splitlines() if line.strip()][-1]}
-            continue
-        feed = synthetic_feed(session, 48, 200)
-        pairs = list(zip(fp32.run(None, feed), session.run(None, feed)))
-        found[precision] = {"resolved": session.precision, "shapes_equal": all(a.shape == b.shape for a, b in pairs),
-                            "error": max(float(np.abs(a - b).max()) for a, b in pairs),
-                            "scale": max(float(np.abs(a).max()) for a, _ in pairs)}
-    found["profile"] = peers.openvino_profile(openvino_path, "f32", 48, 200, runs=2)
-    return found
 
 
 def test_nncf_peer_is_an_openvino_int8_model_that_keeps_the_answers_close(tiny_full_size, built_peers):

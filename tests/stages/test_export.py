@@ -17,6 +17,7 @@ from pipeline.outputs.manifests import verify_manifest, write_manifest
 from pipeline.runtime import answering
 from pipeline.stages import export_coreml, export_full_size, export_onnx, quantize
 from tests.dev_split_records import assert_tuning_steps_read_no_gated_question
+from tests.openvino_checks import openvino_model_with_negated_logits, openvino_precision
 from tests.paths import PROJECT_ROOT
 from tests.stage_fixtures import EXPORT_RELAXED, tiny_config, tiny_qa_model_dir
 
@@ -394,13 +395,6 @@ def x86_target(report):
     return x86
 
 
-def openvino_precision(path):
-    """What the default precision hint resolves to for `path` (run in a spawned process, as OpenVINO is here)."""
-    from pipeline.runtime.openvino_session import OpenVinoSession
-
-    return OpenVinoSession(path, 1).precision
-
-
 def test_the_x86_target_is_an_nncf_openvino_model_gated_on_its_own_answers(built):
     """quantize_onnx builds it from the fp32 export, answers the gated questions through the OpenVINO runtime (the
     answerer production uses), and records them; the bundle ships it in openvino/ when it passed and answers alike.
@@ -451,23 +445,6 @@ def test_a_rejected_x86_target_is_left_out_of_the_bundle_which_still_ships(built
     assert json.loads((tmp_path / "b" / "qa_config.json").read_text())["openvino"] is None
     assert set(metrics["answer_agreement_with_pytorch"]) == {"model.fp32.onnx", "model.int8.onnx", "model.int8.ort"}
     assert "OpenVINO" not in (tmp_path / "b" / "README.md").read_text()
-
-
-def openvino_model_with_negated_logits(onnx_path, xml_path):
-    """The fp32 graph at `onnx_path` with both outputs negated, saved as an OpenVINO model at `xml_path` (replacing
-    it): it loads and answers, but not as the model does (run in a spawned process, as OpenVINO is here)."""
-    import onnx
-    import openvino
-
-    model = onnx.load(str(onnx_path))
-    for output in model.graph.output:
-        for node in model.graph.node:
-            node.output[:] = [f"{name}_raw" if name == output.name else name for name in node.output]
-        model.graph.node.append(onnx.helper.make_node("Neg", [f"{output.name}_raw"], [output.name]))
-    negated = xml_path.parent / "negated.onnx"
-    onnx.save(model, str(negated))
-    openvino.save_model(openvino.convert_model(negated), xml_path, compress_to_fp16=False)
-    negated.unlink()
 
 
 def test_the_bundles_own_openvino_regate_decides_whatever_quantize_json_says(built, tmp_path):
