@@ -32,7 +32,7 @@ class GateError(PipelineError, RuntimeError):
 class GateQuestions:
     """The dev questions exports are scored on, with the PyTorch model's answers and scores on the same ones."""
 
-    records: Any  # datasets.Dataset of the dev questions kept
+    records: Any  # datasets.Dataset of the dev questions kept (None in the x86 target's spawned process)
     examples: list[dict[str, str]]
     gold: dict[str, list[str]]
     pytorch_predictions: dict[str, str]
