@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -164,6 +165,13 @@ MANIFEST_LIBRARIES = ("torch", "transformers", "tokenizers", "safetensors", "dat
 
 
 def library_versions(names: tuple[str, ...] = MANIFEST_LIBRARIES) -> dict[str, str]:
+    return dict(_installed_versions(names))  # a copy: callers may add to it
+
+
+@functools.lru_cache(maxsize=None)
+def _installed_versions(names: tuple[str, ...]) -> dict[str, str]:
+    # Read once per process: each read scans the installed distributions' metadata (about 15 ms for the list
+    # above), and a training run writes a manifest with every checkpoint.
     from importlib import metadata
 
     versions = {"python": platform.python_version()}
