@@ -26,6 +26,18 @@ def test_a_stage_output_folder_gets_a_manifest_of_every_file_with_config_hash_an
     assert {"python", "torch", "transformers", "onnxruntime", "snakemake"} <= manifest["library_versions"].keys()
 
 
+def test_library_versions_are_read_once_and_each_caller_gets_its_own_copy():
+    from importlib import metadata
+
+    from pipeline.outputs.manifests import library_versions
+
+    first = library_versions(("numpy", "not-a-package-here"))
+    assert first == {"python": first["python"], "numpy": metadata.version("numpy"),
+                     "not-a-package-here": "not installed"}
+    first["numpy"] = "0.0.0"  # a caller adding to or changing its dict leaves the next caller's as read
+    assert library_versions(("numpy", "not-a-package-here"))["numpy"] == metadata.version("numpy")
+
+
 def test_a_manifest_the_stage_wrote_itself_keeps_its_fields_and_covers_the_stamped_metrics(tmp_path):
     from pipeline.outputs.manifests import files_manifest
 
