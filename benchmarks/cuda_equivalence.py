@@ -343,7 +343,8 @@ def main(argv=None) -> int:
     results: dict = {}
     record = {
         "benchmark": "distill_pretrain's packed path and chunked loss against the padded path, on the device",
-        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
+        "command": shlex.join([Path(sys.executable).name, "-m", "benchmarks.cuda_equivalence",
+                                *(sys.argv[1:] if argv is None else argv)]),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "cpu": cpu_description(),
         "platform": platform.platform(),

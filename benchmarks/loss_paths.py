@@ -151,6 +151,17 @@ def profile_part(args, workloads: dict) -> dict:
     return {name: profile_path(workloads[name], args.profile_steps) for name in PATH_ORDER}
 
 
+def loss_range_seconds(events, on_gpu: bool) -> tuple[float, int]:
+    """The seconds inside the loss's named ranges and how many ranges: the host's ranges only; on a GPU, the device
+    time of the kernels launched inside each. On a GPU the profiler also lists each range a second time, as a
+    device-side annotation spanning the same kernels: counting both would count the loss twice."""
+    from torch.autograd import DeviceType
+
+    ranges = [event for event in events if event.name == PROFILER_RANGE and event.device_type == DeviceType.CPU]
+    seconds = sum((event.device_time_total if on_gpu else event.cpu_time_total) for event in ranges) / 1e6
+    return seconds, len(ranges)
+
+
 def profile_path(work, steps: int) -> dict:
     """`steps` profiled steps of the benchmark loop (after one untimed one): kernel classes, the loss's share, and
     the unaligned GEMM kernels."""
@@ -158,9 +169,7 @@ def profile_path(work, steps: int) -> dict:
 
     on_gpu = work.device.type == "cuda"
     profiler, wall = profiled_steps(work, steps, seed=0)
-    # The loss's range as the host saw it; on a GPU, the device time of the kernels launched inside it.
-    ranges = [event for event in profiler.events() if event.name == PROFILER_RANGE]
-    loss_seconds = sum((event.device_time_total if on_gpu else event.cpu_time_total) for event in ranges) / 1e6
+    loss_seconds, ranges = loss_range_seconds(profiler.events(), on_gpu)
     unaligned = {}
     for event in profiler.key_averages():
         device_event = event.device_type == DeviceType.CUDA if on_gpu else event.device_type == DeviceType.CPU
@@ -172,7 +181,7 @@ def profile_path(work, steps: int) -> dict:
         "loss_range": PROFILER_RANGE,
         "loss_seconds": round(loss_seconds, 6),
         "loss_share_of_wall": round(loss_seconds / wall, 4) if wall > 0 else None,
-        "loss_ranges_seen": len(ranges),
+        "loss_ranges_seen": ranges,
         "unaligned_gemm_kernels": unaligned,
         "unaligned_gemm_seconds": round(sum(unaligned.values()), 6),
         **profile_summary(profiler.key_averages(), wall, on_gpu=on_gpu),
@@ -259,7 +268,8 @@ def main(argv=None) -> int:
     record = {
         "benchmark": "distill_pretrain's loss paths in one process: the stage's (padded vocabulary, fused chunk "
                      "compiled on CUDA) against the same chunks unpadded and eager",
-        "command": shlex.join([Path(sys.executable).name, *(sys.argv[1:] if argv is None else argv)]),
+        "command": shlex.join([Path(sys.executable).name, "-m", "benchmarks.loss_paths",
+                               *(sys.argv[1:] if argv is None else argv)]),
         "device": device_name or "cpu",
         "cpu": cpu_description(),
         "platform": platform.platform(),

@@ -50,11 +50,13 @@ def test_the_gemm_step_times_every_vocabulary_gemm_in_its_layout(gpu_check_dry_r
 def test_the_equivalence_step_checks_the_stage_against_the_reference(gpu_check_dry_run):
     record = read(gpu_check_dry_run[1], "cuda_equivalence.json")
     assert record["passed"] is True and list(record["checks"]) == ["fp32", "bf16", "attention_dropout", "host_syncs"]
+    assert " -m benchmarks.cuda_equivalence --device cpu " in record["command"]  # a command that reruns it
 
 
 def test_the_paths_step_measures_both_paths_profiles_and_convergence(gpu_check_dry_run):
     record = read(gpu_check_dry_run[1], "loss_paths.json")
     assert record["complete"] is True and record["failed_parts"] == []
+    assert " -m benchmarks.loss_paths --device cpu " in record["command"]
     assert record["paths"]["fused"]["vocab_multiple"] == 64 and record["paths"]["unpadded_eager"]["vocab_multiple"] == 1
     throughput = record["parts"]["throughput"]
     assert [entry["path"] for entry in throughput["order"]] == ["unpadded_eager", "fused"]  # one round, interleaved
@@ -83,3 +85,22 @@ def test_the_convergence_verdict_compares_the_paths_with_the_seed_spread(monkeyp
     finals[("fused", 0)], finals[("fused", 1)] = 2.30, 2.41  # a path that learns worse than seeds vary
     assert loss_paths.convergence_part(args, {"unpadded_eager": "unpadded_eager", "fused": "fused"}, {},
                                        tmp_path)["within_seed_spread"] is False
+
+
+def test_the_loss_share_counts_each_range_once_on_a_gpu():
+    """On a GPU the profiler lists the loss's range twice: the host's range (device time: the kernels launched inside
+    it) and a device-side annotation over the same kernels. Only the host's count."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    def event(name, device_type, device_us, cpu_us):
+        return SimpleNamespace(name=name, device_type=device_type, device_time_total=device_us, cpu_time_total=cpu_us)
+
+    events = [event(loss_paths.PROFILER_RANGE, DeviceType.CPU, 300_000, 40_000),
+              event(loss_paths.PROFILER_RANGE, DeviceType.CUDA, 310_000, 0),
+              event(loss_paths.PROFILER_RANGE, DeviceType.CPU, 200_000, 30_000),
+              event(loss_paths.PROFILER_RANGE, DeviceType.CUDA, 205_000, 0),
+              event("aten::mm", DeviceType.CPU, 900_000, 90_000)]
+    assert loss_paths.loss_range_seconds(events, on_gpu=True) == (pytest.approx(0.5), 2)
+    assert loss_paths.loss_range_seconds(events, on_gpu=False) == (pytest.approx(0.07), 2)
