@@ -49,6 +49,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import transformers
+from torch.autograd import DeviceType
 
 from benchmarks.distill_throughput.cli import (
     LOSS_PATHS,
@@ -155,8 +156,6 @@ def loss_range_seconds(events, on_gpu: bool) -> tuple[float, int]:
     """The seconds inside the loss's named ranges and how many ranges: the host's ranges only; on a GPU, the device
     time of the kernels launched inside each. On a GPU the profiler also lists each range a second time, as a
     device-side annotation spanning the same kernels: counting both would count the loss twice."""
-    from torch.autograd import DeviceType
-
     ranges = [event for event in events if event.name == PROFILER_RANGE and event.device_type == DeviceType.CPU]
     seconds = sum((event.device_time_total if on_gpu else event.cpu_time_total) for event in ranges) / 1e6
     return seconds, len(ranges)
@@ -165,8 +164,6 @@ def loss_range_seconds(events, on_gpu: bool) -> tuple[float, int]:
 def profile_path(work, steps: int) -> dict:
     """`steps` profiled steps of the benchmark loop (after one untimed one): kernel classes, the loss's share, and
     the unaligned GEMM kernels."""
-    from torch.autograd import DeviceType
-
     on_gpu = work.device.type == "cuda"
     profiler, wall = profiled_steps(work, steps, seed=0)
     loss_seconds, ranges = loss_range_seconds(profiler.events(), on_gpu)

@@ -590,9 +590,9 @@ class ExportConfig:
     models: list[TrainedModelName] = option(
         ["student", "student_ce_only", "teacher"],
         "Trained models exported (ONNX, int8, 4-bit, OpenVINO; CoreML and NPU graphs for export.phone_models), gated "
-        "and benchmarked. The bundle ships the distilled "
-        "student, which is always among them; the CE-only student and the teacher show what distillation buys on "
-        "device. A deploy (deploy.model) exports the one model it takes.",
+        "and benchmarked. The bundle ships the distilled student, which is always among them; the CE-only student "
+        "and the teacher show what distillation buys on device. A deploy (deploy.model) exports the one model it "
+        "takes.",
     )
     phone_models: list[TrainedModelName] = option(
         ["student"],
