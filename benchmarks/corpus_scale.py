@@ -41,6 +41,7 @@ from pipeline.data.generated_corpus import generate_corpus
 from pipeline.outputs.artifacts import atomic_write_json
 from pipeline.outputs.machine import cpu_description, high_water_mark_mib
 from pipeline.outputs.manifests import library_versions
+from pipeline.startup import libraries_loaded
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -635,4 +636,5 @@ def write_result(result: dict, out: Path) -> None:
 
 
 if __name__ == "__main__":
+    libraries_loaded()  # collection resumes (benchmarks/__init__.py)
     raise SystemExit(main())

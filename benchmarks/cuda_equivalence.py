@@ -73,6 +73,7 @@ from pipeline.outputs.artifacts import atomic_write_json  # noqa: E402
 from pipeline.outputs.machine import cpu_description  # noqa: E402
 from pipeline.plan.config import load_config  # noqa: E402
 from pipeline.stages.distill_pretrain import distillation_terms, encoders  # noqa: E402
+from pipeline.startup import libraries_loaded  # noqa: E402
 from pipeline.training.batching import to_device  # noqa: E402
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -385,4 +386,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    libraries_loaded()  # collection resumes (benchmarks/__init__.py)
     raise SystemExit(main())

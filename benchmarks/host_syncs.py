@@ -28,6 +28,7 @@ import torch
 import pipeline
 from pipeline.training import loop as training_loop
 from pipeline.__main__ import main as pipeline_main
+from pipeline.startup import libraries_loaded
 
 PIPELINE_DIR = str(Path(pipeline.__file__).parent)
 SYNC_MESSAGE = "called a synchronizing CUDA operation"
@@ -138,4 +139,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    libraries_loaded()  # collection resumes (benchmarks/__init__.py)
     sys.exit(main())

@@ -76,6 +76,7 @@ from pipeline.data.corpus import token_budget_batches  # noqa: E402
 from pipeline.distillation.chunked_lm_loss import PROFILER_RANGE  # noqa: E402
 from pipeline.outputs.artifacts import atomic_write_json  # noqa: E402
 from pipeline.outputs.machine import cpu_description  # noqa: E402
+from pipeline.startup import libraries_loaded  # noqa: E402
 from pipeline.training.loop import train  # noqa: E402
 from pipeline.training.run_settings import seed_everything  # noqa: E402
 
@@ -318,4 +319,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    libraries_loaded()  # collection resumes (benchmarks/__init__.py)
     raise SystemExit(main())

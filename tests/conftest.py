@@ -2,6 +2,7 @@
 student and the end-to-end builds; the process settings every test runs with. Test modules import their helpers from
 modules (tests/paths.py, tests/stage_fixtures.py), never from here: pytest imports this file itself."""
 
+import gc
 import os
 from pathlib import Path
 
@@ -17,9 +18,26 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # As every process the pipeline starts: transformers leaves scikit-learn and SciPy unimported, OpenVINO sends no
 # telemetry without the user's consent (pipeline/startup.py).
-from pipeline.startup import prepare_process  # noqa: E402
+from pipeline.startup import libraries_loaded, pause_collection_while_loading, prepare_process  # noqa: E402
 
 prepare_process()
+# And as they do, no garbage collection while the tests load their libraries: collection resumes once the tests are
+# collected (or at once in pytest-xdist's controller, which collects none), with what is loaded frozen.
+pause_collection_while_loading()
+
+
+def pytest_sessionstart(session):
+    if session.config.pluginmanager.hasplugin("dsession"):  # pytest-xdist's controller: the workers collect
+        libraries_loaded()
+
+
+def pytest_collection_finish(session):
+    libraries_loaded()
+    # In the tests' processes, a full collection at most once every 100 collections of the middle generation rather
+    # than 10: they hold far more objects than a stage (every library their tests load after collection, the
+    # session's fixtures), which each full collection walks; their cyclic garbage waits a little longer.
+    gen0, gen1, _ = gc.get_threshold()
+    gc.set_threshold(gen0, gen1, 100)
 
 
 def machine_line() -> str:

@@ -123,3 +123,87 @@ def test_a_spawned_process_of_the_stages_sends_no_telemetry_without_consent(tmp_
     for variable in ("CI", "TF_BUILD", "JENKINS_URL"):
         monkeypatch.delenv(variable, raising=False)
     assert in_spawned_process(telemetry_consent) is False
+
+
+# Garbage collection while a process loads its libraries (pipeline/startup.py, 3): each case runs in a process of
+# its own, as an entry point starts one, and prints the collector's state as "enabled frozen-objects".
+COLLECTOR_STATE = "import gc\ndef state():\n    print(gc.isenabled(), gc.get_freeze_count())\n"
+COLLECTOR_CASES = {
+    "paused, loaded, resumed": """
+from pipeline.startup import libraries_loaded, pause_collection_while_loading
+pause_collection_while_loading()
+state()
+import json, email.mime.text
+libraries_loaded()
+state()
+libraries_loaded()  # a second call changes nothing
+state()
+""",
+    "off already": """
+from pipeline.startup import libraries_loaded, pause_collection_while_loading
+gc.disable()
+pause_collection_while_loading()
+libraries_loaded()
+state()
+""",
+    "never paused": """
+from pipeline.startup import libraries_loaded
+libraries_loaded()
+state()
+""",
+    # `python -m pipeline`: paused before main(), resumed once the command's module is loaded (here --help ends it)
+    "python -m pipeline": """
+import contextlib, runpy, sys
+sys.argv = ["pipeline", "evaluate-predictions", "--help"]
+with contextlib.redirect_stdout(None), contextlib.suppress(SystemExit):
+    runpy.run_module("pipeline", run_name="__main__")
+state()
+""",
+    # a timing worker: paused at its start (workers.py), resumed where its timing starts
+    "timer": """
+from pipeline.startup import pause_collection_while_loading
+pause_collection_while_loading()
+from pipeline.measurement.latency import time_in_turn
+state()
+time_in_turn({"nothing": lambda: None}, runs=1, warmup=0)
+state()
+""",
+    # benchmarks/ imported by another module (a test): its scripts' pause is for `python -m benchmarks.<name>` only
+    "benchmarks imported": """
+import benchmarks
+state()
+""",
+}
+
+
+def collector_states(case: str) -> list[tuple[bool, int]]:
+    completed = subprocess.run([sys.executable, "-c", COLLECTOR_STATE + COLLECTOR_CASES[case]], capture_output=True,
+                               text=True, cwd=PROJECT_ROOT, check=True)
+    return [(enabled == "True", int(frozen)) for enabled, frozen in map(str.split, completed.stdout.splitlines())]
+
+
+def test_collection_waits_while_the_libraries_load_then_skips_what_they_loaded():
+    (paused, _), (resumed, frozen), again = collector_states("paused, loaded, resumed")
+    assert not paused and resumed and frozen > 10_000  # the interpreter's and json's objects at least
+    assert again == (True, frozen)
+    assert collector_states("off already") == [(False, 0)]  # a collector someone else turned off stays off
+    assert collector_states("never paused") == [(True, 0)]  # a process that did not pause keeps its collector
+
+
+def test_each_entry_point_resumes_collection_once_it_has_loaded():
+    (enabled, frozen), = collector_states("python -m pipeline")
+    assert enabled and frozen > 10_000
+    (before_timing, _), (timing, frozen) = collector_states("timer")
+    assert not before_timing and timing and frozen > 10_000
+    assert collector_states("benchmarks imported") == [(True, 0)]
+
+
+def collector_state() -> tuple[bool, int]:
+    import gc
+
+    return gc.isenabled(), gc.get_freeze_count()
+
+
+def test_a_spawned_process_collects_once_the_functions_module_is_loaded():
+    enabled, frozen = in_spawned_process(collector_state)
+    assert enabled and frozen > 10_000

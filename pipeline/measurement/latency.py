@@ -14,8 +14,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime
 
-
-
+from pipeline.startup import libraries_loaded
 
 DEFAULT_OPTIONS = "default"  # onnxruntime's own session options
 # Session option sets the int8 search tries beside onnxruntime's defaults (benchmark.session_options).
@@ -64,6 +63,7 @@ def time_in_turn(runs_once: dict[str, Callable[[], object]], runs: int, warmup: 
     """p50/p90 in ms of each named no-argument callable, called round-robin (`runs` each after `warmup` untimed
     rounds), so drift in machine speed hits every one alike. The one timer of the pipeline: every latency it
     reports comes from here."""
+    libraries_loaded()  # in a timing worker, what it runs is loaded by now: collection resumes (pipeline/startup.py)
     for _ in range(warmup):
         for run_once in runs_once.values():
             run_once()
@@ -87,6 +87,7 @@ def time_in_blocks(runs_once: dict[str, Callable[[], object]], runs: int, warmup
     """p50/p90 in ms of each named callable, timed round-robin by blocks: each block waits settle_s, runs once
     untimed, then times up to `block` runs; `runs` timed runs each, after `warmup` untimed rounds. For runtimes
     with thread pools of their own side by side in one process (time_in_turn suits one thread)."""
+    libraries_loaded()  # as in time_in_turn
     for _ in range(warmup):
         for run_once in runs_once.values():
             run_once()

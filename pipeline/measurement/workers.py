@@ -189,7 +189,8 @@ def worker_cli(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from pipeline.startup import prepare_process
+    from pipeline.startup import pause_collection_while_loading, prepare_process
 
     prepare_process()  # library settings, as in every process of the pipeline (pipeline/startup.py)
+    pause_collection_while_loading()  # until the timer starts (latency.py), its artifact and runtime loaded
     sys.exit(worker_cli())
