@@ -2,10 +2,14 @@
 # Run: snakemake --cores 2                                     (the offline default, configs/default.yaml)
 #      snakemake --cores 2 --configfile configs/paper.yaml     (the paper recipe, merged over the default)
 # rules/common.smk holds the helpers; the rules are in rules/, by part of the DAG.
+import gc
 from pathlib import Path
 
 from snakemake.utils import validate
 
+# Snakemake's libraries are loaded by now: its later garbage collections, while rules/ build the DAG and while it
+# schedules the jobs, leave them out (gc.freeze; pipeline/startup.py, 3, says why this pays).
+gc.freeze()
 
 configfile: str(Path(workflow.basedir) / "configs" / "default.yaml")
 

@@ -204,6 +204,9 @@ def collector_state() -> tuple[bool, int]:
     return gc.isenabled(), gc.get_freeze_count()
 
 
-def test_a_spawned_process_collects_once_the_functions_module_is_loaded():
+def test_a_spawned_process_collects_once_the_function_and_the_libraries_it_names_are_loaded():
     enabled, frozen = in_spawned_process(collector_state)
     assert enabled and frozen > 10_000
+    # the libraries named are imported before collection resumes: their objects are frozen with the rest
+    enabled, frozen_with_libraries = in_spawned_process(collector_state, libraries=("xml.dom.minidom", "tarfile"))
+    assert enabled and frozen_with_libraries > frozen

@@ -384,7 +384,7 @@ def regate_openvino(tmp: Path, out_dir: Path, quantized_dir: Path, x86: dict, qu
     path = tmp / "openvino" / OPENVINO_FILE
     try:
         predictions = in_spawned_process(openvino_predict, path, tmp / "tokenizer.json", cfg.squad,
-                                         questions.examples, 1)
+                                         questions.examples, 1, libraries=("openvino",))
     except Exception as error:  # the runtime could not answer from the bundle: left out, saying why
         shutil.rmtree(tmp / "openvino")
         return None, f"answering from the bundle failed: {type(error).__name__}: {str(error).splitlines()[0]}"

@@ -62,7 +62,8 @@ def build_and_gate(onnx_dir: Path, out_dir: Path, calibration: list[dict[str, np
     # The spawned process reads the questions' texts and answers, not their datasets table: unpickling that would
     # import datasets (pandas, pyarrow) there, about half a second of every quantize_onnx job.
     texts_only = dataclasses.replace(questions, records=None)
-    return in_spawned_process(build_and_gate_here, onnx_dir, out_dir, calibration, texts_only, cfg, latency_runs)
+    return in_spawned_process(build_and_gate_here, onnx_dir, out_dir, calibration, texts_only, cfg, latency_runs,
+                              libraries=("nncf", "openvino"))
 
 
 def build_and_gate_here(onnx_dir: Path, out_dir: Path, calibration: list[dict[str, np.ndarray]],

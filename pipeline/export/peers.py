@@ -99,7 +99,7 @@ def build_nncf_int8(fp32_onnx: Path, out_dir: Path, calibration: list[dict]) -> 
     from pipeline.export.openvino_target import nncf_int8
     from pipeline.spawn import in_spawned_process
 
-    return in_spawned_process(nncf_int8, fp32_onnx, out_dir, calibration)
+    return in_spawned_process(nncf_int8, fp32_onnx, out_dir, calibration, libraries=("nncf",))
 
 
 def openvino_tool(peer: str, precision: str, graph: str | None = None) -> str:

@@ -167,7 +167,7 @@ def floor_and_profiles(root: Path, cfg: PipelineConfig, int8_search: dict,
         if item["format"] == "openvino" and item["model"] == "distilbert" and item["timed"]:
             profiles[item["name"]], _ = in_spawned_process(peers.openvino_profile, Path(item["path"]),
                                                            item["openvino_precision"], longest, vocab_size,
-                                                           bcfg.profile_runs)
+                                                           bcfg.profile_runs, libraries=("openvino",))
     return gemm_floor, profiles
 
 

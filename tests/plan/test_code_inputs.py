@@ -74,9 +74,10 @@ def workflow_rules() -> dict:
 RECORD_IMPORTS = r"""
 import builtins, importlib, json, sys
 
-from pipeline.startup import prepare_process
+from pipeline.startup import pause_collection_while_loading, prepare_process
 
 prepare_process()  # as `python -m pipeline` does first (pipeline/startup.py), before the recording starts
+pause_collection_while_loading()  # this process only loads modules
 edges = {}
 real_import = builtins.__import__
 
