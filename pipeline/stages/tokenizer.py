@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-from transformers import AutoTokenizer, BertTokenizerFast, PreTrainedTokenizerFast
+from transformers import BertTokenizerFast, PreTrainedTokenizerFast
 
 from pipeline.data.corpus_writer import corpus_source, training_documents
 from pipeline.outputs.artifacts import atomic_write_json
@@ -93,6 +93,10 @@ def run(cfg: PipelineConfig, data_dir: Path, out_dir: Path) -> dict:
     verify_input_dirs(data_dir)
     with atomic_output_dir(out_dir, cfg) as tmp:
         if cfg.tokenizer.pretrained:
+            # imported here: the auto classes load transformers' model code (about half a second), which a
+            # trained tokenizer does not need
+            from transformers import AutoTokenizer
+
             tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer.pretrained)
             source = cfg.tokenizer.pretrained
         else:
